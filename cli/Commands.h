@@ -1,0 +1,12 @@
+// One function per subcommand; each lives in cli/<Name>Command.cpp, parses its options and calls a library.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace bs::cli {
+using Argv = std::vector<std::string>;
+int data_command(const Argv& args);    // data prepare|inspect
+int train_command(const Argv& args);   // train
+int study_command(const Argv& args);   // study run|resume|status|export|confirm
+int report_command(const Argv& args);  // report
+}  // namespace bs::cli

@@ -1,0 +1,59 @@
+// bertsweep: the command line. Subcommands only parse and dispatch (cli/*Command.cpp).
+#include <cstring>
+#include <iostream>
+
+#include "cli/Args.h"
+#include "cli/Commands.h"
+#include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
+
+namespace {
+const char* kUsage = R"(bertsweep: find the fastest way to train BERT with large-batch optimizers
+
+usage: bertsweep <command> [options]     (every command takes --help)
+
+  data prepare   --corpus brown|DIR --vocab FILE|--vocab-size N --seq-len 128 --out DIR
+  data inspect   DIR|FILE.hdf5                 shard layout and sequence-length histogram
+  train          --config FILE [--set key.path=value]... [--events stdout|fd:N|FILE] [--resume]
+  study run      --config FILE [--name NAME] [--dir studies/] [--set key=value]...
+  study resume   NAME [--dir studies/]
+  study status   NAME [--dir studies/]
+  study export   NAME --best [--where k=v,...] [--top K] --format yaml|mlperf-json --out FILE
+  study confirm  NAME --seeds 5
+  report         NAME [NAME...] --out DIR
+
+exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 data error, 4 NaN/inf loss,
+            5 distributed error, 6 terminated by signal, 7 study error, 64 not built
+)";
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
+    std::cout << kUsage;
+    return args.empty() ? bs::exit_code::kUsage : bs::exit_code::kOk;
+  }
+  if (args[0] == "--version") {
+    std::cout << "bertsweep " << BERTSWEEP_GIT_COMMIT << "\n";
+    return 0;
+  }
+  const std::string cmd = args[0];
+  std::vector<std::string> rest(args.begin() + 1, args.end());
+  try {
+    if (cmd == "data") return bs::cli::data_command(rest);
+    if (cmd == "train") return bs::cli::train_command(rest);
+    if (cmd == "study") return bs::cli::study_command(rest);
+    if (cmd == "report") return bs::cli::report_command(rest);
+    std::cerr << "bertsweep: unknown command '" << cmd << "'\n\n" << kUsage;
+    return bs::exit_code::kUsage;
+  } catch (const bs::cli::UsageError& e) {
+    std::cerr << "bertsweep " << cmd << ": " << e.what() << " (see bertsweep " << cmd << " --help)\n";
+    return bs::exit_code::kUsage;
+  } catch (const bs::ConfigError& e) {
+    std::cerr << "bertsweep " << cmd << ": config error: " << e.what() << "\n";
+    return bs::exit_code::kUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "bertsweep " << cmd << ": error: " << e.what() << "\n";
+    return bs::exit_code::kInternal;
+  }
+}

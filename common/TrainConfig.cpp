@@ -1,0 +1,420 @@
+#include "TrainConfig.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <set>
+#include <sstream>
+#include <variant>
+
+namespace bs {
+namespace fs = std::filesystem;
+
+namespace {
+
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
+                              std::vector<std::string>*>;
+struct Field {
+  std::string path;
+  FieldPtr ptr;
+};
+
+// The one table of every key: parsing, writing, --set and search spaces all go through it.
+std::vector<Field> fields_of(TrainConfig& c) {
+  return {
+      {"model.vocab_size", &c.model.vocab_size},
+      {"model.hidden", &c.model.hidden},
+      {"model.layers", &c.model.layers},
+      {"model.heads", &c.model.heads},
+      {"model.intermediate", &c.model.intermediate},
+      {"model.max_position", &c.model.max_position},
+      {"model.type_vocab_size", &c.model.type_vocab_size},
+      {"model.dropout", &c.model.dropout},
+      {"data.dir", &c.data.dir},
+      {"data.eval_file", &c.data.eval_file},
+      {"data.seq_len", &c.data.seq_len},
+      {"data.sampler", &c.data.sampler},
+      {"data.strata", &c.data.strata},
+      {"data.presort_group", &c.data.presort_group},
+      {"data.eval_samples", &c.data.eval_samples},
+      {"optimizer.name", &c.optimizer.name},
+      {"optimizer.lr", &c.optimizer.lr},
+      {"optimizer.beta1", &c.optimizer.beta1},
+      {"optimizer.beta2", &c.optimizer.beta2},
+      {"optimizer.eps", &c.optimizer.eps},
+      {"optimizer.weight_decay", &c.optimizer.weight_decay},
+      {"optimizer.bias_correction", &c.optimizer.bias_correction},
+      {"optimizer.momentum", &c.optimizer.momentum},
+      {"optimizer.nesterov", &c.optimizer.nesterov},
+      {"optimizer.no_decay", &c.optimizer.no_decay},
+      {"schedule.name", &c.schedule.name},
+      {"schedule.warmup_steps", &c.schedule.warmup_steps},
+      {"schedule.warmup_fraction", &c.schedule.warmup_fraction},
+      {"schedule.start_warmup_step", &c.schedule.start_warmup_step},
+      {"schedule.power", &c.schedule.power},
+      {"schedule.end_lr", &c.schedule.end_lr},
+      {"schedule.total_steps", &c.schedule.total_steps},
+      {"batch.global", &c.batch.global},
+      {"batch.micro", &c.batch.micro},
+      {"clip.mode", &c.clip.mode},
+      {"clip.max_norm", &c.clip.max_norm},
+      {"clip.bucket_mb", &c.clip.bucket_mb},
+      {"distributed.backend", &c.distributed.backend},
+      {"distributed.timeout_s", &c.distributed.timeout_s},
+      {"target.mlm_accuracy", &c.target.mlm_accuracy},
+      {"target.max_samples", &c.target.max_samples},
+      {"target.eval_every_samples", &c.target.eval_every_samples},
+      {"checkpoint.dir", &c.checkpoint.dir},
+      {"checkpoint.every_samples", &c.checkpoint.every_samples},
+      {"log.mllog", &c.log.mllog},
+      {"log.progress_every_steps", &c.log.progress_every_steps},
+      {"threads", &c.threads},
+      {"seed", &c.seed},
+  };
+}
+
+std::string type_name(const FieldPtr& p) {
+  struct V {
+    std::string operator()(int64_t*) const { return "an integer"; }
+    std::string operator()(double*) const { return "a number"; }
+    std::string operator()(bool*) const { return "true or false"; }
+    std::string operator()(std::string*) const { return "a string"; }
+    std::string operator()(std::vector<int64_t>*) const { return "a list of integers"; }
+    std::string operator()(std::vector<std::string>*) const { return "a list of strings"; }
+  };
+  return std::visit(V{}, p);
+}
+
+bool parse_int(const std::string& s, int64_t& out) {
+  std::size_t n = 0;
+  try {
+    double d = std::stod(s, &n);
+    if (n != s.size() || !std::isfinite(d) || std::floor(d) != d) return false;
+    out = static_cast<int64_t>(d);
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+bool parse_double(const std::string& s, double& out) {
+  std::size_t n = 0;
+  try {
+    out = std::stod(s, &n);
+    return n == s.size();
+  } catch (...) {
+    return false;
+  }
+}
+
+void assign(const Field& f, const YAML::Node& n, const std::string& source) {
+  auto bad = [&]() {
+    std::ostringstream os;
+    os << yaml::where(n, source) << ": key '" << f.path << "' must be " << type_name(f.ptr);
+    if (n.IsScalar()) os << ", got '" << n.Scalar() << "'";
+    throw ConfigError(os.str());
+  };
+  struct V {
+    const YAML::Node& n;
+    const std::function<void()>& bad;
+    void operator()(int64_t* p) const {
+      if (!n.IsScalar() || !parse_int(n.Scalar(), *p)) bad();
+    }
+    void operator()(double* p) const {
+      if (!n.IsScalar() || !parse_double(n.Scalar(), *p)) bad();
+    }
+    void operator()(bool* p) const {
+      if (!n.IsScalar()) bad();
+      const std::string& s = n.Scalar();
+      if (s == "true" || s == "True" || s == "yes" || s == "1") *p = true;
+      else if (s == "false" || s == "False" || s == "no" || s == "0") *p = false;
+      else bad();
+    }
+    void operator()(std::string* p) const {
+      if (!n.IsScalar()) bad();
+      *p = n.Scalar();
+    }
+    void operator()(std::vector<int64_t>* p) const {
+      if (!n.IsSequence()) bad();
+      p->clear();
+      for (const auto& e : n) {
+        int64_t v;
+        if (!e.IsScalar() || !parse_int(e.Scalar(), v)) bad();
+        p->push_back(v);
+      }
+    }
+    void operator()(std::vector<std::string>* p) const {
+      if (!n.IsSequence()) bad();
+      p->clear();
+      for (const auto& e : n) {
+        if (!e.IsScalar()) bad();
+        p->push_back(e.Scalar());
+      }
+    }
+  };
+  std::function<void()> badf = bad;
+  std::visit(V{n, badf}, f.ptr);
+}
+
+void emit(const Field& f, YAML::Node& root) {
+  std::vector<std::string> parts;
+  std::stringstream ss(f.path);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  YAML::Node value;
+  struct V {
+    YAML::Node& v;
+    void operator()(int64_t* p) const { v = *p; }
+    void operator()(double* p) const { v = *p; }
+    void operator()(bool* p) const { v = *p; }
+    void operator()(std::string* p) const { v = *p; }
+    void operator()(std::vector<int64_t>* p) const {
+      v = YAML::Node(YAML::NodeType::Sequence);
+      for (auto x : *p) v.push_back(x);
+      v.SetStyle(YAML::EmitterStyle::Flow);
+    }
+    void operator()(std::vector<std::string>* p) const {
+      v = YAML::Node(YAML::NodeType::Sequence);
+      for (auto& x : *p) v.push_back(x);
+      v.SetStyle(YAML::EmitterStyle::Flow);
+    }
+  };
+  std::visit(V{value}, f.ptr);
+  if (parts.size() == 1) {
+    root[parts[0]] = value;
+  } else {
+    YAML::Node sec = root[parts[0]];
+    sec[parts[1]] = value;
+  }
+}
+
+// Deep merge: keys of `over` replace those of `base` (mappings merge, everything else replaces).
+// Nodes are shared, not cloned, so that their line marks survive for error messages.
+YAML::Node merge(YAML::Node base, const YAML::Node& over) {
+  if (!base.IsMap() || !over.IsMap()) return over;
+  for (const auto& kv : over) {
+    const std::string k = kv.first.Scalar();
+    if (base[k] && base[k].IsMap() && kv.second.IsMap()) base[k] = merge(base[k], kv.second);
+    else base[k] = kv.second;
+  }
+  return base;
+}
+
+// Follows `extends: path | [paths]` (relative to the including file).
+YAML::Node load_with_extends(const std::string& path, int depth) {
+  if (depth > 8) throw ConfigError(path + ": `extends:` nests more than 8 levels (a cycle?)");
+  YAML::Node node = yaml::load_file(path);
+  if (!node.IsMap()) throw ConfigError(path + ": a training config must be a YAML mapping of keys");
+  YAML::Node ext = node["extends"];
+  if (!ext) return node;
+  std::vector<std::string> bases;
+  if (ext.IsScalar()) bases.push_back(ext.Scalar());
+  else if (ext.IsSequence())
+    for (const auto& e : ext) bases.push_back(e.Scalar());
+  else throw ConfigError(yaml::where(ext, path) + ": `extends` must be a path or a list of paths");
+  YAML::Node merged(YAML::NodeType::Map);
+  for (const auto& b : bases) {
+    fs::path p = fs::path(path).parent_path() / b;
+    merged = merge(merged, load_with_extends(p.string(), depth + 1));
+  }
+  node.remove("extends");
+  return merge(merged, node);
+}
+
+const std::set<std::string>& one_of(const std::string& key) {
+  static const std::map<std::string, std::set<std::string>> m = {
+      {"data.sampler", {"random", "global_sort", "local_presort", "packing"}},
+      {"optimizer.name", {"adam", "adamw", "lamb", "nvlamb", "lans", "sgd"}},
+      {"schedule.name", {"constant", "poly", "linear", "cosine", "inv_sqrt"}},
+      {"clip.mode", {"none", "global_after_allreduce", "bucket_before_allreduce", "local_before_allreduce"}},
+      {"distributed.backend", {"none", "mpi", "gloo", "nccl", "auto"}},
+  };
+  return m.at(key);
+}
+
+}  // namespace
+
+namespace yaml {
+
+std::string where(const YAML::Node& node, const std::string& source) {
+  if (node && node.Mark().line >= 0 && !node.Mark().is_null())
+    return source + ":" + std::to_string(node.Mark().line + 1);
+  return source;
+}
+
+YAML::Node load_file(const std::string& path) {
+  if (!fs::exists(path)) throw ConfigError(path + ": file not found (check the path given to --config)");
+  std::ifstream in(path);
+  if (!in) throw ConfigError(path + ": cannot be read (check its permissions)");
+  try {
+    return YAML::Load(in);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
+  }
+}
+
+void set_path(YAML::Node& root, const std::string& assignment, const std::string& source) {
+  auto eq = assignment.find('=');
+  if (eq == std::string::npos || eq == 0)
+    throw ConfigError(source + ": '" + assignment + "' is not of the form key.path=value");
+  std::string key = assignment.substr(0, eq), value = assignment.substr(eq + 1);
+  YAML::Node v;
+  try {
+    v = YAML::Load(value);
+  } catch (const YAML::Exception& e) {
+    throw ConfigError(source + ": value of '" + key + "' is not valid YAML: " + e.msg);
+  }
+  if (!v || v.IsNull()) v = YAML::Node(value);
+  std::vector<std::string> parts;
+  std::stringstream ss(key);
+  for (std::string p; std::getline(ss, p, '.');) parts.push_back(p);
+  // Walk with fresh handles: yaml-cpp node assignment rebinds, so descend by re-indexing from the root.
+  std::function<void(YAML::Node, std::size_t)> walk = [&](YAML::Node n, std::size_t i) {
+    if (i + 1 == parts.size()) {
+      n[parts[i]] = v;
+      return;
+    }
+    if (!n[parts[i]] || !n[parts[i]].IsMap()) n[parts[i]] = YAML::Node(YAML::NodeType::Map);
+    walk(n[parts[i]], i + 1);
+  };
+  walk(root, 0);
+}
+
+}  // namespace yaml
+
+TrainConfig TrainConfig::load(const std::string& path, const std::vector<std::string>& sets) {
+  return from_yaml(load_with_extends(path, 0), path, sets);
+}
+
+TrainConfig TrainConfig::from_yaml(const YAML::Node& in, const std::string& source,
+                                   const std::vector<std::string>& sets) {
+  YAML::Node node = in;  // shared, not cloned: Clone drops the line marks that errors cite
+  if (!node || node.IsNull()) node = YAML::Node(YAML::NodeType::Map);
+  if (!node.IsMap()) throw ConfigError(source + ": a training config must be a YAML mapping of keys");
+  for (const auto& s : sets) {
+    std::string key = s.substr(0, s.find('='));
+    if (!is_key(key))
+      throw ConfigError("--set " + s + ": unknown key '" + key + "' (see `bertsweep train --help` for keys)");
+    yaml::set_path(node, s, "--set " + key);
+  }
+  TrainConfig c;
+  auto fields = fields_of(c);
+  std::map<std::string, const Field*> by_path;
+  std::set<std::string> sections;
+  for (const auto& f : fields) {
+    by_path[f.path] = &f;
+    auto dot = f.path.find('.');
+    if (dot != std::string::npos) sections.insert(f.path.substr(0, dot));
+  }
+  for (const auto& kv : node) {
+    const std::string k = kv.first.Scalar();
+    if (sections.count(k)) {
+      if (!kv.second.IsMap() && !kv.second.IsNull())
+        throw ConfigError(yaml::where(kv.second, source) + ": '" + k + "' must be a mapping of keys");
+      for (const auto& kv2 : kv.second) {
+        std::string p = k + "." + kv2.first.Scalar();
+        auto it = by_path.find(p);
+        if (it == by_path.end())
+          throw ConfigError(yaml::where(kv2.first, source) + ": unknown key '" + p +
+                            "' (typo? known keys of '" + k + "' are listed by `bertsweep train --help`)");
+        assign(*it->second, kv2.second, source);
+      }
+    } else {
+      auto it = by_path.find(k);
+      if (it == by_path.end())
+        throw ConfigError(yaml::where(kv.first, source) + ": unknown key '" + k + "'");
+      assign(*it->second, kv.second, source);
+    }
+  }
+  c.validate(source);
+  return c;
+}
+
+YAML::Node TrainConfig::to_yaml() const {
+  TrainConfig copy = *this;
+  YAML::Node root(YAML::NodeType::Map);
+  for (const auto& f : fields_of(copy)) emit(f, root);
+  return root;
+}
+
+std::string TrainConfig::to_yaml_string() const {
+  YAML::Emitter out;
+  out.SetDoublePrecision(17);
+  out << to_yaml();
+  return std::string(out.c_str()) + "\n";
+}
+
+void TrainConfig::validate(const std::string& source) const {
+  auto fail = [&](const std::string& key, const std::string& what) {
+    throw ConfigError(source + ": key '" + key + "' " + what);
+  };
+  auto check_one_of = [&](const std::string& key, const std::string& v) {
+    const auto& allowed = one_of(key);
+    if (!allowed.count(v)) {
+      std::string list;
+      for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+      fail(key, "is '" + v + "'; must be one of: " + list);
+    }
+  };
+  check_one_of("data.sampler", data.sampler);
+  check_one_of("optimizer.name", optimizer.name);
+  check_one_of("schedule.name", schedule.name);
+  check_one_of("clip.mode", clip.mode);
+  check_one_of("distributed.backend", distributed.backend);
+  if (model.vocab_size < 0) fail("model.vocab_size", "must be >= 0 (0: from the dataset)");
+  if (model.hidden <= 0) fail("model.hidden", "must be > 0");
+  if (model.layers <= 0) fail("model.layers", "must be > 0");
+  if (model.heads <= 0 || model.hidden % model.heads != 0)
+    fail("model.heads", "must be > 0 and divide model.hidden (" + std::to_string(model.hidden) + ")");
+  if (model.intermediate <= 0) fail("model.intermediate", "must be > 0");
+  if (model.dropout < 0 || model.dropout >= 1) fail("model.dropout", "must be in [0, 1)");
+  if (data.seq_len <= 1) fail("data.seq_len", "must be > 1");
+  if (data.seq_len > model.max_position)
+    fail("data.seq_len", "(" + std::to_string(data.seq_len) + ") exceeds model.max_position (" +
+                             std::to_string(model.max_position) + "); raise max_position or shorten seq_len");
+  if (data.presort_group < 1) fail("data.presort_group", "must be >= 1");
+  for (std::size_t i = 0; i < data.strata.size(); ++i)
+    if (data.strata[i] <= 0 || (i > 0 && data.strata[i] <= data.strata[i - 1]))
+      fail("data.strata", "must be increasing positive length bounds");
+  if (!(optimizer.lr > 0)) fail("optimizer.lr", "must be > 0");
+  if (optimizer.beta1 < 0 || optimizer.beta1 >= 1) fail("optimizer.beta1", "must be in [0, 1)");
+  if (optimizer.beta2 < 0 || optimizer.beta2 >= 1) fail("optimizer.beta2", "must be in [0, 1)");
+  if (!(optimizer.eps > 0)) fail("optimizer.eps", "must be > 0");
+  if (optimizer.weight_decay < 0) fail("optimizer.weight_decay", "must be >= 0");
+  if (optimizer.momentum < 0 || optimizer.momentum >= 1) fail("optimizer.momentum", "must be in [0, 1)");
+  if (schedule.warmup_fraction < 0 || schedule.warmup_fraction > 1)
+    fail("schedule.warmup_fraction", "must be in [0, 1]");
+  if (schedule.warmup_steps < -1) fail("schedule.warmup_steps", "must be >= 0 (or -1: use warmup_fraction)");
+  if (schedule.power <= 0) fail("schedule.power", "must be > 0");
+  if (schedule.end_lr < 0) fail("schedule.end_lr", "must be >= 0");
+  if (batch.global <= 0) fail("batch.global", "must be > 0");
+  if (batch.micro <= 0) fail("batch.micro", "must be > 0");
+  if (clip.max_norm <= 0) fail("clip.max_norm", "must be > 0");
+  if (clip.bucket_mb <= 0) fail("clip.bucket_mb", "must be > 0");
+  if (distributed.timeout_s <= 0) fail("distributed.timeout_s", "must be > 0");
+  if (target.mlm_accuracy <= 0 || target.mlm_accuracy > 1) fail("target.mlm_accuracy", "must be in (0, 1]");
+  if (target.max_samples <= 0) fail("target.max_samples", "must be > 0");
+  if (target.eval_every_samples <= 0) fail("target.eval_every_samples", "must be > 0");
+  if (checkpoint.every_samples < 0) fail("checkpoint.every_samples", "must be >= 0");
+  if (threads < 0) fail("threads", "must be >= 0 (0: all cores)");
+}
+
+const std::vector<std::string>& TrainConfig::keys() {
+  static const std::vector<std::string> k = [] {
+    TrainConfig c;
+    std::vector<std::string> out;
+    for (const auto& f : fields_of(c)) out.push_back(f.path);
+    return out;
+  }();
+  return k;
+}
+
+bool TrainConfig::is_key(const std::string& path) {
+  for (const auto& k : keys())
+    if (k == path) return true;
+  return false;
+}
+
+}  // namespace bs

@@ -1,0 +1,134 @@
+// The training config: typed structs for every key of configs/train/*.yaml (DESIGN.md "Configs").
+// A TrainConfig fully determines a run together with its seed; to_yaml() writes back exactly what load() reads.
+#pragma once
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+namespace YAML { class Node; }
+
+namespace bs {
+
+// A config problem: the message names the file, the key path, the line and what would fix it.
+struct ConfigError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ModelConfig {
+  int64_t vocab_size = 0;   // 0: take it from the dataset's vocab
+  int64_t hidden = 128;
+  int64_t layers = 2;
+  int64_t heads = 2;
+  int64_t intermediate = 512;
+  int64_t max_position = 512;
+  int64_t type_vocab_size = 2;
+  double dropout = 0.1;
+};
+
+struct DataConfig {
+  std::string dir;                     // prepared data: train_*.hdf5, eval.hdf5, vocab.txt
+  std::string eval_file;               // default: <dir>/eval.hdf5
+  int64_t seq_len = 128;
+  std::string sampler = "random";      // random | global_sort | local_presort | packing
+  std::vector<int64_t> strata = {32, 64, 96, 128};  // upper bounds of the length bins (local_presort)
+  int64_t presort_group = 8;           // ranks that presort together (one node); 1 = purely local
+  int64_t eval_samples = 0;            // 0: the whole eval set
+};
+
+struct OptimizerConfig {
+  std::string name = "adamw";          // adam | adamw | lamb | nvlamb | lans | sgd
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-6;
+  double weight_decay = 0.01;
+  bool bias_correction = true;
+  double momentum = 0.9;               // sgd
+  bool nesterov = false;               // sgd
+  std::vector<std::string> no_decay = {"bias", "LayerNorm", "layer_norm"};  // name substrings
+};
+
+struct ScheduleConfig {
+  std::string name = "poly";           // constant | poly | linear | cosine | inv_sqrt
+  int64_t warmup_steps = -1;           // -1: use warmup_fraction
+  double warmup_fraction = 0.0;
+  int64_t start_warmup_step = 0;       // MLPerf's warmup start offset
+  double power = 1.0;
+  double end_lr = 0.0;
+  int64_t total_steps = 0;             // 0: target.max_samples / batch.global
+};
+
+struct BatchConfig {
+  int64_t global = 32;
+  int64_t micro = 32;                  // per rank; accumulation = global / (micro * ranks)
+};
+
+struct ClipConfig {
+  std::string mode = "none";           // none | global_after_allreduce | bucket_before_allreduce | local_before_allreduce
+  double max_norm = 1.0;
+  double bucket_mb = 4.0;              // gradient bucket size for the overlapped allreduce
+};
+
+struct DistributedConfig {
+  std::string backend = "auto";        // none | mpi | gloo | nccl | auto
+  double timeout_s = 120.0;            // a peer silent this long is an error, not a hang
+};
+
+struct TargetConfig {
+  double mlm_accuracy = 0.30;
+  int64_t max_samples = 200000;
+  int64_t eval_every_samples = 10000;
+};
+
+struct CheckpointConfig {
+  std::string dir;                     // empty: no checkpoints
+  int64_t every_samples = 0;           // 0: only on SIGTERM
+};
+
+struct LogConfig {
+  std::string mllog;                   // MLPerf-style :::MLLOG file; empty: none
+  int64_t progress_every_steps = 10;
+};
+
+struct TrainConfig {
+  ModelConfig model;
+  DataConfig data;
+  OptimizerConfig optimizer;
+  ScheduleConfig schedule;
+  BatchConfig batch;
+  ClipConfig clip;
+  DistributedConfig distributed;
+  TargetConfig target;
+  CheckpointConfig checkpoint;
+  LogConfig log;
+  int64_t threads = 0;                 // 0: all cores of this process's share
+  int64_t seed = 1;
+
+  // Reads a YAML file (following `extends:`), applies `key.path=value` overrides, checks types and ranges.
+  static TrainConfig load(const std::string& path, const std::vector<std::string>& sets = {});
+  // Same from an in-memory node; `source` names it in errors.
+  static TrainConfig from_yaml(const YAML::Node& node, const std::string& source,
+                               const std::vector<std::string>& sets = {});
+  YAML::Node to_yaml() const;
+  std::string to_yaml_string() const;
+
+  // Range and consistency checks; throws ConfigError naming the key.
+  void validate(const std::string& source = "config") const;
+
+  // The public key paths ("model.hidden", ...), for search spaces and --set.
+  static const std::vector<std::string>& keys();
+  static bool is_key(const std::string& path);
+};
+
+// Helpers shared by every YAML reader of the project.
+namespace yaml {
+// Loads a file with a clear error for a missing/unreadable file or a YAML syntax error (with line).
+YAML::Node load_file(const std::string& path);
+// Sets `a.b.c` in a mapping to a YAML-parsed scalar (`--set a.b.c=value`).
+void set_path(YAML::Node& root, const std::string& assignment, const std::string& source);
+// "file:line" for a node, or just the file when the node has no mark.
+std::string where(const YAML::Node& node, const std::string& source);
+}  // namespace yaml
+
+}  // namespace bs
