@@ -10,3 +10,9 @@ int train_command(const Argv& args);   // train
 int study_command(const Argv& args);   // study run|resume|status|export|confirm
 int report_command(const Argv& args);  // report
 }  // namespace bs::cli
+
+namespace bs::cli {
+// `study export` and `study confirm` (cli/ExportCommand.cpp); `study_command` dispatches to them.
+int study_export_command(const Argv& args);
+int study_confirm_command(const Argv& args);
+}  // namespace bs::cli

@@ -1,12 +1,87 @@
+// bertsweep train: parse options, load the config, run the trainer, map failures to exit codes.
 #include <iostream>
 
+#include "cli/Args.h"
 #include "cli/Commands.h"
 #include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
+#include "trainer/Communicator.h"
+#include "trainer/ShardIO.h"
+#include "trainer/Trainer.h"
 
 namespace bs::cli {
-int train_command(const Argv& args) {
-  (void)args;
-  std::cerr << "bertsweep train: not built yet in this version\n";
-  return exit_code::kNotBuilt;
+
+namespace {
+const char* kHelp = R"(usage: bertsweep train --config FILE [--set key.path=value]... [options]
+
+Trains BERT (MLM + NSP) until eval masked-LM accuracy reaches target.mlm_accuracy or target.max_samples
+are spent. Works alone or as every rank under mpirun/srun (distributed.backend: auto picks MPI there).
+
+options:
+  --config FILE        training config (YAML; see configs/train/). Required.
+  --set key.path=val   override one key (repeatable), e.g. --set optimizer.lr=0.002
+  --events SPEC        trial-protocol JSON lines: stdout | fd:N | FILE (default: none)
+  --resume             continue from checkpoint.dir/checkpoint.pt (same metrics as an uninterrupted run)
+  --print-config       print the resolved config (after --set) and exit
+  --dump-params FILE   write the final parameters (float32, registration order) to FILE
+  --quiet              no progress lines
+
+keys: )";
+
+const char* kExit = R"(
+exit codes: 0 finished (target reached or budget spent: see the done event), 2 config error,
+            3 data error, 4 NaN/inf loss, 5 distributed error, 6 stopped by SIGTERM/SIGINT
+)";
+}  // namespace
+
+int train_command(const Argv& argv) {
+  Args args(argv, {"resume", "quiet", "help", "print-config"});
+  if (args.has("help")) {
+    std::cout << kHelp;
+    int col = 6;
+    for (const auto& k : TrainConfig::keys()) {
+      if (col + k.size() > 100) {
+        std::cout << "\n      ";
+        col = 6;
+      }
+      std::cout << k << " ";
+      col += k.size() + 1;
+    }
+    std::cout << "\n" << kExit;
+    return exit_code::kOk;
+  }
+  args.allow_only({"config", "set", "events", "resume", "quiet", "dump-params", "print-config", "help"});
+  if (!args.positional().empty()) throw UsageError("unexpected argument '" + args.positional()[0] + "'");
+  TrainConfig cfg = TrainConfig::load(args.require("config"), args.all("set"));
+  if (args.has("print-config")) {
+    std::cout << cfg.to_yaml_string();
+    return exit_code::kOk;
+  }
+  TrainOptions opt;
+  opt.events = args.get("events");
+  opt.quiet = args.has("quiet");
+  opt.resume = args.has("resume");
+  opt.dump_params = args.get("dump-params");
+  install_stop_handlers();
+  try {
+    train(cfg, opt);
+    return exit_code::kOk;
+  } catch (const ConfigError& e) {
+    std::cerr << "bertsweep train: config error: " << e.what() << "\n";
+    return exit_code::kUsage;
+  } catch (const DataError& e) {
+    std::cerr << "bertsweep train: data error: " << e.what() << "\n";
+    return exit_code::kData;
+  } catch (const NonFiniteLoss& e) {
+    std::cerr << "bertsweep train: " << e.what() << "\n";
+    return exit_code::kNonFinite;
+  } catch (const DistributedError& e) {
+    std::cerr << "bertsweep train: distributed error: " << e.what() << "\n";
+    return exit_code::kDistributed;
+  } catch (const Terminated& e) {
+    std::cerr << "bertsweep train: " << e.what() << "\n";
+    return exit_code::kTerminated;
+  }
 }
+
 }  // namespace bs::cli

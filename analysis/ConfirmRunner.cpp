@@ -1,0 +1,165 @@
+#include "analysis/ConfirmRunner.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <list>
+#include <memory>
+#include <ostream>
+#include <sstream>
+#include <thread>
+
+#include "analysis/Report.h"
+#include "analysis/StudyTables.h"
+#include "common/TrainConfig.h"
+#include "search/StudyConfig.h"
+#include "search/TrialEvent.h"
+#include "search/TrialLauncher.h"
+#include "studies/ConfigExport.h"
+#include "studies/StudyStore.h"
+
+namespace bs::analysis {
+namespace fs = std::filesystem;
+
+namespace {
+
+// The launcher of the study (mpirun ranks...), so that a confirmation runs as the trials did.
+search::LauncherConfig study_launcher(const StudyStore& store, const std::string& name) {
+  auto yaml = store.study_config(name);
+  if (!yaml) return {};
+  try {
+    return search::StudyConfig::from_yaml(YAML::Load(*yaml), "stored study " + name).launcher;
+  } catch (const std::exception&) {
+    return {};
+  }
+}
+
+struct Pending {
+  ConfirmRun run;
+  std::string config_path, run_dir;
+};
+
+struct Active {
+  ConfirmRun run;
+  std::unique_ptr<search::TrialProcess> process;
+};
+
+void take_events(Active& a) {
+  for (const auto& line : a.process->read_lines()) {
+    auto ev = search::parse_trial_event(line);
+    if (!ev) continue;
+    if (ev->kind == "eval") {
+      a.run.final_mlm_accuracy = ev->maybe("mlm_accuracy");
+    } else if (ev->kind == "done") {
+      a.run.reached = ev->flag("reached");
+      a.run.samples_to_target = ev->maybe("samples_to_target");
+      a.run.seconds_to_target = ev->maybe("seconds_to_target");
+      if (auto acc = ev->maybe("final_mlm_accuracy")) a.run.final_mlm_accuracy = acc;
+    }
+  }
+}
+
+}  // namespace
+
+ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
+  if (o.seeds.empty()) throw std::invalid_argument("study confirm: give at least one seed (--seeds N)");
+  const std::string db = existing_study_db(o.dir, o.study);
+  StudyStore store(db);
+  const auto objective = StudyObjective::of_study(store, o.study);
+  const auto best = best_per_optimizer(store.trials(), objective);
+  if (best.empty())
+    throw StudyError("study '" + o.study + "' (" + db + ") has no COMPLETE trial to confirm yet " +
+                     "(see bertsweep study status " + o.study + ")");
+  const auto launcher = study_launcher(store, o.study);
+
+  ConfirmStore confirm(db, /*writable=*/true);
+  ConfirmResult result;
+  result.session = confirm.next_session();
+  const fs::path session_dir = fs::path(db).parent_path() / "confirm" / ("session-" + std::to_string(result.session));
+
+  std::deque<Pending> queue;
+  for (const auto& t : best) {
+    const std::string cfg = export_yaml(t, o.sets);
+    for (int64_t seed : o.seeds) {
+      Pending p;
+      p.run.session = result.session;
+      p.run.optimizer = trial_optimizer(t);
+      p.run.source_trial = t.number;
+      p.run.seed = seed;
+      p.run_dir = (session_dir / (p.run.optimizer + "-seed" + std::to_string(seed))).string();
+      fs::create_directories(p.run_dir);
+      p.config_path = p.run_dir + "/config.yaml";
+      std::ofstream(p.config_path) << cfg;
+      // What ran: the exported config with its seed (the same --set the trainer applies).
+      p.run.config_yaml = TrainConfig::from_yaml(YAML::Load(cfg), p.config_path, {"seed=" + std::to_string(seed)})
+                              .to_yaml_string();
+      p.run.log_path = p.run_dir + "/stderr.log";
+      queue.push_back(std::move(p));
+    }
+  }
+  const int parallel = std::max(1, o.parallel);
+  const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = std::max(1, cores / parallel);
+  if (!o.quiet)
+    progress << "study confirm " << o.study << ": " << best.size() << " optimizer(s) x " << o.seeds.size()
+             << " seed(s), " << parallel << " at a time, " << threads << " threads each (session "
+             << result.session << ")\n";
+
+  std::list<Active> active;
+  const std::size_t total = queue.size();
+  while (!queue.empty() || !active.empty()) {
+    while (!queue.empty() && static_cast<int>(active.size()) < parallel) {
+      Pending p = std::move(queue.front());
+      queue.pop_front();
+      auto spec = search::trainer_launch(launcher, o.trainer_exe, p.config_path, threads, p.run_dir);
+      spec.argv.insert(spec.argv.end(), {"--set", "seed=" + std::to_string(p.run.seed)});
+      Active a{p.run, std::make_unique<search::TrialProcess>(spec)};
+      active.push_back(std::move(a));
+    }
+    for (auto it = active.begin(); it != active.end();) {
+      take_events(*it);
+      auto code = it->process->poll_exit();
+      if (code && it->process->events_closed()) {
+        it->run.exit_code = *code;
+        if (*code != 0) it->run.reached = false;
+        confirm.add(it->run);
+        result.runs.push_back(it->run);
+        if (!o.quiet)
+          progress << "  [" << result.runs.size() << "/" << total << "] " << it->run.optimizer << " seed "
+                   << it->run.seed << ": " << search::describe_exit(*code) << ", "
+                   << (it->run.reached && it->run.samples_to_target
+                           ? "target reached after " + format_number(*it->run.samples_to_target) + " samples"
+                           : std::string("target not reached"))
+                   << "\n";
+        it = active.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (!active.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  std::vector<ConfirmRun> session_runs;
+  for (const auto& r : confirm.runs())
+    if (r.session == result.session) session_runs.push_back(r);
+  result.summary = summarize_confirm(session_runs);
+  return result;
+}
+
+std::string confirm_summary_text(const std::vector<ConfirmSummary>& summary) {
+  std::ostringstream os;
+  os << "optimizer    trial  runs  reached  samples to target (mean +- std)\n";
+  for (const auto& s : summary) {
+    char head[128];
+    std::snprintf(head, sizeof head, "%-12s %5lld %5d %8d  ", s.optimizer.c_str(),
+                  static_cast<long long>(s.source_trial), s.runs, s.reached);
+    os << head
+       << (s.samples.n ? format_number(s.samples.mean) + " +- " + format_number(s.samples.std) : std::string("-"))
+       << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace bs::analysis

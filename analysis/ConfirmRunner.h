@@ -1,0 +1,36 @@
+// `study confirm`: re-runs the best config of each optimizer with several seeds (`bertsweep train
+// --config <cfg> --set seed=S --events fd:3 --quiet` as child processes, through search/TrialLauncher),
+// stores each run in bs_confirm and summarises samples to target per optimizer (mean +- std).
+#pragma once
+#include <cstdint>
+#include <iosfwd>
+#include <string>
+#include <vector>
+
+#include "analysis/ConfirmStore.h"
+
+namespace bs::analysis {
+
+struct ConfirmOptions {
+  std::string dir = "studies";
+  std::string study;
+  std::string trainer_exe;            // the bertsweep executable that runs `train`
+  std::vector<int64_t> seeds;         // one run per optimizer and seed
+  int parallel = 1;                   // runs at a time; each gets cores/parallel threads
+  std::vector<std::string> sets;      // key=value overrides applied to every exported config
+  bool quiet = false;
+};
+
+struct ConfirmResult {
+  int64_t session = 0;
+  std::vector<ConfirmRun> runs;
+  std::vector<ConfirmSummary> summary;
+};
+
+// Throws StudyError for an unknown study or one without a COMPLETE trial. Progress goes to `progress`.
+ConfirmResult run_confirm(const ConfirmOptions& options, std::ostream& progress);
+
+// The summary as a text table (one line per optimizer: mean +- std of samples to target).
+std::string confirm_summary_text(const std::vector<ConfirmSummary>& summary);
+
+}  // namespace bs::analysis

@@ -1,0 +1,132 @@
+#include "analysis/ConfirmStore.h"
+
+#include <SQLiteCpp/SQLiteCpp.h>
+
+#include <map>
+#include <stdexcept>
+
+namespace bs::analysis {
+
+namespace {
+const char* kSchema = R"SQL(
+CREATE TABLE IF NOT EXISTS bs_confirm (
+  session INTEGER NOT NULL,
+  optimizer TEXT NOT NULL,
+  source_trial INTEGER NOT NULL,
+  seed INTEGER NOT NULL,
+  exit_code INTEGER NOT NULL,
+  reached INTEGER NOT NULL,
+  samples_to_target REAL,
+  seconds_to_target REAL,
+  final_mlm_accuracy REAL,
+  config_yaml TEXT NOT NULL,
+  log_path TEXT,
+  PRIMARY KEY (session, optimizer, seed)
+);
+)SQL";
+
+std::optional<double> opt(const SQLite::Column& c) {
+  if (c.isNull()) return std::nullopt;
+  return c.getDouble();
+}
+void bind_opt(SQLite::Statement& s, int i, const std::optional<double>& v) {
+  if (v) s.bind(i, *v);
+  else s.bind(i);
+}
+}  // namespace
+
+ConfirmStore::ConfirmStore(const std::string& db_path, bool writable) {
+  try {
+    db_ = std::make_unique<SQLite::Database>(db_path, writable ? SQLite::OPEN_READWRITE : SQLite::OPEN_READONLY,
+                                             /*busy timeout ms=*/30000);
+    if (writable) {
+      db_->exec(kSchema);
+      has_table_ = true;
+    } else {
+      has_table_ = db_->tableExists("bs_confirm");
+    }
+  } catch (const SQLite::Exception& e) {
+    throw std::runtime_error(db_path + ": cannot open the study database for the confirm table: " + e.what());
+  }
+}
+
+ConfirmStore::~ConfirmStore() = default;
+
+int64_t ConfirmStore::next_session() const {
+  if (!has_table_) return 1;
+  SQLite::Statement q(*db_, "SELECT COALESCE(MAX(session), 0) + 1 FROM bs_confirm");
+  q.executeStep();
+  return q.getColumn(0).getInt64();
+}
+
+void ConfirmStore::add(const ConfirmRun& r) {
+  if (!has_table_) throw std::logic_error("ConfirmStore::add on a read-only store");
+  SQLite::Statement s(*db_,
+                      "INSERT OR REPLACE INTO bs_confirm(session, optimizer, source_trial, seed, exit_code, reached, "
+                      "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path) "
+                      "VALUES (?,?,?,?,?,?,?,?,?,?,?)");
+  s.bind(1, r.session);
+  s.bind(2, r.optimizer);
+  s.bind(3, r.source_trial);
+  s.bind(4, r.seed);
+  s.bind(5, r.exit_code);
+  s.bind(6, r.reached ? 1 : 0);
+  bind_opt(s, 7, r.samples_to_target);
+  bind_opt(s, 8, r.seconds_to_target);
+  bind_opt(s, 9, r.final_mlm_accuracy);
+  s.bind(10, r.config_yaml);
+  s.bind(11, r.log_path);
+  s.exec();
+}
+
+std::vector<ConfirmRun> ConfirmStore::runs() const {
+  std::vector<ConfirmRun> out;
+  if (!has_table_) return out;
+  SQLite::Statement q(*db_,
+                      "SELECT session, optimizer, source_trial, seed, exit_code, reached, samples_to_target, "
+                      "seconds_to_target, final_mlm_accuracy, config_yaml, log_path FROM bs_confirm "
+                      "ORDER BY session, optimizer, seed");
+  while (q.executeStep()) {
+    ConfirmRun r;
+    r.session = q.getColumn(0).getInt64();
+    r.optimizer = q.getColumn(1).getString();
+    r.source_trial = q.getColumn(2).getInt64();
+    r.seed = q.getColumn(3).getInt64();
+    r.exit_code = q.getColumn(4).getInt();
+    r.reached = q.getColumn(5).getInt() != 0;
+    r.samples_to_target = opt(q.getColumn(6));
+    r.seconds_to_target = opt(q.getColumn(7));
+    r.final_mlm_accuracy = opt(q.getColumn(8));
+    r.config_yaml = q.getColumn(9).getString();
+    r.log_path = q.getColumn(10).getString();
+    out.push_back(r);
+  }
+  return out;
+}
+
+std::vector<ConfirmSummary> summarize_confirm(const std::vector<ConfirmRun>& runs) {
+  std::map<std::string, int64_t> latest;
+  for (const auto& r : runs) latest[r.optimizer] = std::max(latest[r.optimizer], r.session);
+  std::map<std::string, ConfirmSummary> by_opt;
+  std::map<std::string, std::vector<double>> samples;
+  for (const auto& r : runs) {
+    if (r.session != latest[r.optimizer]) continue;
+    ConfirmSummary& s = by_opt[r.optimizer];
+    s.optimizer = r.optimizer;
+    s.source_trial = r.source_trial;
+    s.session = r.session;
+    ++s.runs;
+    if (r.reached && r.samples_to_target) {
+      ++s.reached;
+      samples[r.optimizer].push_back(*r.samples_to_target);
+    }
+  }
+  std::vector<ConfirmSummary> out;
+  for (auto& [opt, s] : by_opt) {
+    s.samples = stats_of(samples[opt], true);
+    out.push_back(s);
+  }
+  return out;
+}
+
+}  // namespace bs::analysis

@@ -1,0 +1,287 @@
+#include "analysis/Report.h"
+
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "analysis/ConfirmStore.h"
+#include "analysis/ReportPlots.h"
+#include "analysis/StudyTables.h"
+#include "studies/ConfigExport.h"
+#include "studies/StudyStore.h"
+
+namespace bs::analysis {
+namespace fs = std::filesystem;
+
+std::string format_number(double v) {
+  if (!std::isfinite(v)) return "-";
+  char buf[64];
+  if (std::fabs(v) < 1e15 && v == std::floor(v)) std::snprintf(buf, sizeof buf, "%.0f", v);
+  else std::snprintf(buf, sizeof buf, "%.6g", v);
+  return buf;
+}
+
+std::string base64(const std::string& bytes) {
+  static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+  std::string out;
+  std::size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    unsigned n = (unsigned char)bytes[i] << 16 | (unsigned char)bytes[i + 1] << 8 | (unsigned char)bytes[i + 2];
+    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], t[n & 63]};
+  }
+  if (i + 1 == bytes.size()) {
+    unsigned n = (unsigned char)bytes[i] << 16;
+    out += {t[n >> 18], t[(n >> 12) & 63], '=', '='};
+  } else if (i + 2 == bytes.size()) {
+    unsigned n = (unsigned char)bytes[i] << 16 | (unsigned char)bytes[i + 1] << 8;
+    out += {t[n >> 18], t[(n >> 12) & 63], t[(n >> 6) & 63], '='};
+  }
+  return out;
+}
+
+namespace {
+
+std::string html_escape(const std::string& s) {
+  std::string o;
+  for (char c : s) {
+    switch (c) {
+      case '&': o += "&amp;"; break;
+      case '<': o += "&lt;"; break;
+      case '>': o += "&gt;"; break;
+      case '"': o += "&quot;"; break;
+      default: o += c;
+    }
+  }
+  return o;
+}
+
+std::string md_cell(const std::string& s) {
+  std::string o;
+  for (char c : s) o += c == '|' ? std::string("\\|") : std::string(1, c);
+  return o;
+}
+
+std::string read_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::ostringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+std::string opt_num(const std::optional<double>& v) { return v ? format_number(*v) : "-"; }
+
+// One document written twice: Markdown and HTML, in step.
+class Document {
+ public:
+  explicit Document(std::string out_dir) : out_dir_(std::move(out_dir)) {}
+  void heading(int level, const std::string& text) {
+    md_ += "\n" + std::string(level, '#') + " " + text + "\n\n";
+    html_ += "<h" + std::to_string(level) + ">" + html_escape(text) + "</h" + std::to_string(level) + ">\n";
+  }
+  void para(const std::string& text) {
+    md_ += text + "\n\n";
+    html_ += "<p>" + html_escape(text) + "</p>\n";
+  }
+  void table(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+    auto md_row = [&](const std::vector<std::string>& r) {
+      md_ += "|";
+      for (const auto& c : r) md_ += " " + md_cell(c) + " |";
+      md_ += "\n";
+    };
+    md_row(header);
+    md_ += "|";
+    for (std::size_t i = 0; i < header.size(); ++i) md_ += " --- |";
+    md_ += "\n";
+    for (const auto& r : rows) md_row(r);
+    md_ += "\n";
+    html_ += "<table>\n<tr>";
+    for (const auto& h : header) html_ += "<th>" + html_escape(h) + "</th>";
+    html_ += "</tr>\n";
+    for (const auto& r : rows) {
+      html_ += "<tr>";
+      for (const auto& c : r) html_ += "<td>" + html_escape(c) + "</td>";
+      html_ += "</tr>\n";
+    }
+    html_ += "</table>\n";
+  }
+  // The PNG is a file next to the report; the HTML embeds it (self-contained) and links the file.
+  void image(const std::string& file, const std::string& alt) {
+    md_ += "![" + alt + "](" + file + ")\n\n";
+    html_ += "<p><a href=\"" + html_escape(file) + "\"><img alt=\"" + html_escape(alt) + "\" data-file=\"" +
+             html_escape(file) + "\" src=\"data:image/png;base64," + base64(read_bytes(out_dir_ + "/" + file)) +
+             "\"></a></p>\n";
+  }
+  std::string markdown(const std::string& title) const { return "# " + title + "\n" + md_; }
+  std::string html(const std::string& title) const {
+    return "<!DOCTYPE html>\n<html><head><meta charset=\"utf-8\"><title>" + html_escape(title) +
+           "</title>\n<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto;}"
+           "table{border-collapse:collapse;margin:1em 0;}td,th{border:1px solid #bbb;padding:3px 8px;"
+           "text-align:right;}th{background:#eee;}img{max-width:100%;}</style></head><body>\n<h1>" +
+           html_escape(title) + "</h1>\n" + html_ + "</body></html>\n";
+  }
+
+ private:
+  std::string out_dir_, md_, html_;
+};
+
+void study_section(Document& doc, const std::string& name, const std::string& dir, const std::string& out_dir,
+                   ReportFiles& files) {
+  const std::string db = existing_study_db(dir, name);
+  StudyStore store(db);
+  const auto objective = StudyObjective::of_study(store, name);
+  const auto trials = store.trials();
+  const auto counts = count_states(trials);
+  auto png = [&](const std::string& what) { return name + "-" + what + ".png"; };
+  auto written = [&](const std::string& file) {
+    files.images.push_back((fs::path(out_dir) / file).string());
+    return (fs::path(out_dir) / file).string();
+  };
+
+  doc.heading(2, "Study " + name);
+  doc.para("File: " + db + ". Objective: " + objective.metric + " (" +
+           (objective.minimize ? "minimize" : "maximize") + ").");
+  doc.table({"trials", "complete", "reached target", "pruned", "failed", "running"},
+            {{std::to_string(counts.total), std::to_string(counts.complete), std::to_string(counts.reached),
+              std::to_string(counts.pruned), std::to_string(counts.failed), std::to_string(counts.running)}});
+
+  doc.heading(3, "Samples to target per optimizer and batch size");
+  doc.para("Over the COMPLETE trials that reached the target: best, mean and sample standard deviation.");
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& r : optimizer_batch_table(trials)) {
+    const bool any = r.samples.n > 0;
+    rows.push_back({r.optimizer, r.batch < 0 ? "?" : std::to_string(r.batch), std::to_string(r.trials),
+                    std::to_string(r.complete), std::to_string(r.reached), std::to_string(r.pruned),
+                    std::to_string(r.failed), any ? format_number(r.samples.best) : "-",
+                    any ? format_number(r.samples.mean) : "-", any ? format_number(r.samples.std) : "-",
+                    r.best_trial < 0 ? "-" : std::to_string(r.best_trial)});
+  }
+  doc.table({"optimizer", "batch", "trials", "complete", "reached", "pruned", "failed", "best samples", "mean",
+             "std", "best trial"},
+            rows);
+
+  doc.heading(3, "Best trial per optimizer");
+  const auto best = best_per_optimizer(trials, objective);
+  rows.clear();
+  std::vector<Curve> curves;
+  double target = 0;
+  for (const auto& t : best) {
+    rows.push_back({trial_optimizer(t), std::to_string(t.number), std::to_string(trial_batch(t)),
+                    config_value(t.config_yaml, "optimizer.lr"), t.reached ? "yes" : "no",
+                    opt_num(t.samples_to_target), opt_num(t.seconds_to_target), opt_num(t.final_mlm_accuracy)});
+    Curve c;
+    c.label = trial_optimizer(t) + " (trial " + std::to_string(t.number) + ", batch " +
+              std::to_string(trial_batch(t)) + ")";
+    for (const auto& e : store.evals(t.number)) {
+      c.samples.push_back(static_cast<double>(e.samples));
+      c.accuracy.push_back(e.mlm_accuracy);
+    }
+    curves.push_back(c);
+    try {
+      target = std::stod(config_value(t.config_yaml, "target.mlm_accuracy"));
+    } catch (const std::exception&) {
+    }
+  }
+  if (rows.empty()) {
+    doc.para("No COMPLETE trial yet.");
+  } else {
+    doc.table({"optimizer", "trial", "batch", "lr", "reached", "samples to target", "seconds to target",
+               "final accuracy"},
+              rows);
+    plot_convergence(written(png("convergence")), curves, target, name + ": convergence of the best trials");
+    doc.image(png("convergence"), "eval accuracy vs samples of the best trial per optimizer");
+  }
+
+  doc.heading(3, "Pareto front: samples to target vs batch size");
+  const auto points = reached_points(trials);
+  const auto front = pareto_front(trials);
+  if (points.empty()) {
+    doc.para("No trial reached the target.");
+  } else {
+    doc.para("A larger batch is better (more parallelism) unless it needs more samples; the front keeps the "
+             "trials no other trial beats on both.");
+    rows.clear();
+    for (const auto& p : front)
+      rows.push_back({std::to_string(p.batch), format_number(p.samples_to_target), p.optimizer,
+                      std::to_string(p.trial)});
+    doc.table({"batch", "samples to target", "optimizer", "trial"}, rows);
+    plot_pareto(written(png("pareto")), points, front, name + ": samples to target vs batch size");
+    doc.image(png("pareto"), "Pareto front of samples to target vs batch size");
+  }
+
+  doc.heading(3, "Optimisation history");
+  const auto history = optimization_history(trials, objective);
+  if (history.empty()) {
+    doc.para("No finished trial.");
+  } else {
+    plot_history(written(png("history")), history, objective.metric, name + ": optimisation history");
+    doc.image(png("history"), "objective per trial and best so far");
+  }
+
+  doc.heading(3, "Hyperparameter importance");
+  const std::string imp_png = (fs::path(out_dir) / png("importance")).string();
+  Importance imp = param_importance(fs::absolute(db).string(), name, imp_png, name + ": parameter importance");
+  if (imp.available()) {
+    files.images.push_back(imp_png);
+    rows.clear();
+    for (const auto& [k, v] : imp.values) rows.push_back({k, format_number(v)});
+    doc.para("Optuna's " + imp.evaluator + " over the COMPLETE trials.");
+    doc.table({"parameter", "importance"}, rows);
+    doc.image(png("importance"), "parameter importance");
+  } else {
+    doc.para("Not available: " + imp.message + ".");
+  }
+
+  ConfirmStore confirm(db, /*writable=*/false);
+  const auto runs = confirm.runs();
+  if (!runs.empty()) {
+    doc.heading(3, "Confirmation runs (study confirm)");
+    doc.para("The best config of each optimizer re-run with several seeds: samples to target over the seeds "
+             "that reached the target (latest confirm session).");
+    rows.clear();
+    std::vector<std::pair<std::string, std::vector<double>>> groups;
+    const auto summary = summarize_confirm(runs);
+    for (const auto& s : summary) {
+      rows.push_back({s.optimizer, std::to_string(s.source_trial), std::to_string(s.runs), std::to_string(s.reached),
+                      s.samples.n ? format_number(s.samples.mean) + " +- " + format_number(s.samples.std) : "-",
+                      s.samples.n ? format_number(s.samples.min) : "-",
+                      s.samples.n ? format_number(s.samples.max) : "-"});
+      std::vector<double> xs;
+      for (const auto& r : runs)
+        if (r.optimizer == s.optimizer && r.session == s.session && r.reached && r.samples_to_target)
+          xs.push_back(*r.samples_to_target);
+      groups.emplace_back(s.optimizer, xs);
+    }
+    doc.table({"optimizer", "source trial", "runs", "reached", "samples mean +- std", "min", "max"}, rows);
+    plot_confirm(written(png("confirm")), groups, name + ": samples to target over seeds");
+    doc.image(png("confirm"), "samples to target per optimizer over seeds");
+  }
+
+  doc.heading(3, "Environment");
+  rows.clear();
+  for (const auto& [k, v] : store.environment()) rows.push_back({k, v});
+  if (rows.empty()) doc.para("No environment recorded.");
+  else doc.table({"key", "value"}, rows);
+}
+
+}  // namespace
+
+ReportFiles write_report(const ReportOptions& options) {
+  if (options.studies.empty()) throw std::invalid_argument("report: name at least one study");
+  for (const auto& n : options.studies) existing_study_db(options.dir, n);  // fail before writing anything
+  fs::create_directories(options.out_dir);
+  ReportFiles files;
+  Document doc(options.out_dir);
+  std::string names;
+  for (const auto& n : options.studies) names += (names.empty() ? "" : ", ") + n;
+  const std::string title = "bertsweep report: " + names;
+  for (const auto& n : options.studies) study_section(doc, n, options.dir, options.out_dir, files);
+  files.markdown = (fs::path(options.out_dir) / "report.md").string();
+  files.html = (fs::path(options.out_dir) / "report.html").string();
+  std::ofstream(files.markdown) << doc.markdown(title);
+  std::ofstream(files.html) << doc.html(title);
+  return files;
+}
+
+}  // namespace bs::analysis

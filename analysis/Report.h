@@ -1,0 +1,28 @@
+// `bertsweep report`: report.md and report.html (plots as PNG files next to them; the HTML also embeds
+// each PNG as base64, so it is self-contained and still links the file) for one or more studies.
+#pragma once
+#include <string>
+#include <vector>
+
+namespace bs::analysis {
+
+struct ReportOptions {
+  std::vector<std::string> studies;  // names under `dir`
+  std::string dir = "studies";
+  std::string out_dir;
+};
+
+struct ReportFiles {
+  std::string markdown, html;
+  std::vector<std::string> images;   // PNG paths written
+};
+
+// Throws StudyError for an unknown study.
+ReportFiles write_report(const ReportOptions& options);
+
+// How every number of the report tables is written: integral values as integers, others with 6
+// significant digits; "-" for none.
+std::string format_number(double v);
+std::string base64(const std::string& bytes);
+
+}  // namespace bs::analysis

@@ -1,0 +1,240 @@
+// `study export` and `study confirm`: parse options, call studies/ConfigExport and analysis/ConfirmRunner.
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <set>
+
+#include <yaml-cpp/yaml.h>
+
+#include "analysis/ConfirmRunner.h"
+#include "analysis/Report.h"
+#include "analysis/StudyTables.h"
+#include "cli/Args.h"
+#include "cli/Commands.h"
+#include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
+#include "studies/ConfigExport.h"
+#include "studies/StudyStore.h"
+
+namespace bs::cli {
+namespace fs = std::filesystem;
+
+namespace {
+
+const char* kExportHelp = R"(usage: bertsweep study export NAME [--best] [--where k=v[,k=v...]]... [--top K] [--trial N]
+                              [--format yaml|mlperf-json] [--out FILE] [--set key.path=value]... [--dir studies/]
+
+Writes the best trial's resolved training config: as YAML that `bertsweep train --config FILE` runs unchanged
+(exactly the stored config; with --set it is re-read, overridden and written back, e.g. for the production
+scale: --set data.dir=/data/bert --set batch.micro=32), or as MLPerf-style hyperparameter JSON
+(global_batch_size, opt_base_learning_rate, opt_lamb_beta_1, ..., plus the trial's provenance).
+
+  --best           choose by rank (the default): COMPLETE trials that reached the target first, then by the
+                   study's objective and direction (as stored in the study; samples_to_target ascending by default)
+  --where k=v,...  only trials whose resolved config has these values; short keys: optimizer (optimizer.name),
+                   batch (batch.global), lr (optimizer.lr), sampler (data.sampler), schedule (schedule.name),
+                   clip (clip.mode); any training key path works (optimizer.beta2=0.999). Numbers compare by value.
+  --top K          export the K best: FILE gets a -1, -2, ... suffix before its extension (best.yaml ->
+                   best-1.yaml, best-2.yaml, ...); fewer files when fewer trials match
+  --trial N        export trial N instead of the best (it must be COMPLETE)
+  --format F       yaml (default) or mlperf-json
+  --out FILE       where to write (default: standard output; "-" too)
+  --set k=v        override a training key of the exported config (repeatable)
+  --dir DIR        where studies live (default studies/)
+
+exit codes: 0 ok, 2 usage/config error, 7 unknown study, no COMPLETE trial, or --where matches nothing
+)";
+
+const char* kConfirmHelp = R"(usage: bertsweep study confirm NAME [--seeds N|S1,S2,...] [--parallel K] [--set key.path=value]...
+                               [--dir studies/] [--quiet]
+
+Re-runs the best config of each optimizer of the study (the `study export --best --where optimizer=X` config)
+with several seeds: `bertsweep train --config <cfg> --set seed=S --events fd:3 --quiet`, under the study's
+launcher, K at a time (each with cores/K threads). Each run is stored in the study file (table bs_confirm,
+written only by this command; runs under studies/NAME/confirm/session-N/), and the mean +- std of samples to
+target per optimizer is printed; `bertsweep report` includes the latest confirm session.
+
+  --seeds N        N seeds 1..N (default 5), or an explicit comma list of seeds
+  --parallel K     runs at a time (default 1)
+  --set k=v        override a training key of every run (repeatable)
+
+exit codes: 0 ok (at least one run finished), 2 usage error, 7 unknown study / no COMPLETE trial / every run failed
+)";
+
+Argv strip_subcommand(const Argv& args, const std::string& sub) {
+  if (!args.empty() && args[0] == sub) return Argv(args.begin() + 1, args.end());
+  return args;
+}
+
+std::string numbered(const std::string& out, int i) {
+  fs::path p(out);
+  return (p.parent_path() / (p.stem().string() + "-" + std::to_string(i) + p.extension().string())).string();
+}
+
+// Why nothing matched: the values the COMPLETE trials do have for each --where key.
+std::string where_hint(const std::vector<TrialRecord>& trials, const TrialFilter& filter) {
+  std::string hint;
+  for (const auto& [key, wanted] : filter.terms()) {
+    std::set<std::string> seen;
+    for (const auto& t : trials)
+      if (t.state == trial_state::kComplete && !t.config_yaml.empty()) seen.insert(config_value(t.config_yaml, key));
+    std::string vals;
+    for (const auto& v : seen) vals += (vals.empty() ? "" : ", ") + v;
+    hint += (hint.empty() ? "" : "; ") + key + " of the COMPLETE trials: " + (vals.empty() ? "none" : vals);
+  }
+  return hint;
+}
+
+std::string describe_trial(const TrialRecord& t) {
+  return "trial " + std::to_string(t.number) + " (" + analysis::trial_optimizer(t) + ", batch " +
+         std::to_string(analysis::trial_batch(t)) + ", " +
+         (t.reached && t.samples_to_target ? "target after " + analysis::format_number(*t.samples_to_target) +
+                                                 " samples"
+                                           : std::string("target not reached")) +
+         ")";
+}
+
+int export_study(const Args& a) {
+  a.allow_only({"best", "where", "top", "trial", "format", "out", "set", "dir", "help"});
+  if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
+  const std::string name = a.positional()[0];
+  const std::string format = a.get("format", "yaml");
+  if (format != "yaml" && format != "mlperf-json")
+    throw UsageError("--format must be yaml or mlperf-json, got '" + format + "'");
+  const long long top = a.get_int("top", 1);
+  if (top < 1) throw UsageError("--top must be >= 1");
+  const std::string out = a.get("out", "-");
+  if (top > 1 && out == "-") throw UsageError("--top K needs --out FILE (files FILE-1, FILE-2, ... are written)");
+  const auto filter = TrialFilter::parse(a.all("where"));
+  const auto sets = a.all("set");
+
+  const std::string db = existing_study_db(a.get("dir", "studies"), name);
+  StudyStore store(db);
+  const auto objective = StudyObjective::of_study(store, name);
+  const auto trials = store.trials();
+  std::vector<TrialRecord> chosen;
+  if (a.has("trial")) {
+    const long long n = a.get_int("trial", -1);
+    auto t = store.trial(n);
+    if (!t) throw StudyError("study '" + name + "' has no trial " + std::to_string(n));
+    if (t->state != trial_state::kComplete)
+      throw StudyError("trial " + std::to_string(n) + " of study '" + name + "' is " + t->state +
+                       ", not COMPLETE: only complete trials are exported");
+    chosen.push_back(*t);
+  } else {
+    auto ranked = rank_trials(trials, objective);
+    if (ranked.empty())
+      throw StudyError("study '" + name + "' has no COMPLETE trial yet (" + std::to_string(trials.size()) +
+                       " trials; see bertsweep study status " + name + ")");
+    ranked = rank_trials(trials, objective, filter);
+    if (ranked.empty())
+      throw StudyError("no COMPLETE trial of study '" + name + "' matches --where " + filter.describe() + " (" +
+                       where_hint(trials, filter) + ")");
+    ranked.resize(std::min<std::size_t>(ranked.size(), static_cast<std::size_t>(top)));
+    chosen = ranked;
+  }
+  if (static_cast<long long>(chosen.size()) < top)
+    std::cerr << "bertsweep study export: only " << chosen.size() << " trial(s) match; writing " << chosen.size()
+              << " file(s)\n";
+
+  for (std::size_t i = 0; i < chosen.size(); ++i) {
+    const TrialRecord& t = chosen[i];
+    std::string text = export_yaml(t, sets);
+    if (format == "mlperf-json")
+      text = export_mlperf_json(TrainConfig::from_yaml(YAML::Load(text), "trial " + std::to_string(t.number)), t,
+                                name);
+    if (out == "-") {
+      std::cout << text;
+      std::cerr << "bertsweep study export: " << describe_trial(t) << "\n";
+      continue;
+    }
+    const std::string path = top > 1 ? numbered(out, static_cast<int>(i) + 1) : out;
+    if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+    std::ofstream f(path, std::ios::binary);
+    f << text;
+    f.close();
+    if (!f) throw std::runtime_error(path + ": cannot write the exported config (check the folder is writable)");
+    std::cerr << "bertsweep study export: " << describe_trial(t) << " -> " << path << "\n";
+  }
+  return exit_code::kOk;
+}
+
+std::vector<int64_t> parse_seeds(const std::string& s) {
+  std::vector<int64_t> seeds;
+  try {
+    if (s.find(',') == std::string::npos) {
+      long long n = std::stoll(s);
+      if (n < 1) throw UsageError("--seeds must be >= 1");
+      for (long long i = 1; i <= n; ++i) seeds.push_back(i);
+    } else {
+      std::stringstream ss(s);
+      for (std::string p; std::getline(ss, p, ',');)
+        if (!p.empty()) seeds.push_back(std::stoll(p));
+    }
+  } catch (const UsageError&) {
+    throw;
+  } catch (const std::exception&) {
+    throw UsageError("--seeds must be a count (5) or a comma list of seeds (1,2,3), got '" + s + "'");
+  }
+  return seeds;
+}
+
+int confirm_study(const Args& a) {
+  a.allow_only({"seeds", "parallel", "set", "dir", "quiet", "help"});
+  if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
+  analysis::ConfirmOptions o;
+  o.study = a.positional()[0];
+  o.dir = a.get("dir", "studies");
+  o.seeds = parse_seeds(a.get("seeds", "5"));
+  o.parallel = static_cast<int>(a.get_int("parallel", 1));
+  if (o.parallel < 1) throw UsageError("--parallel must be >= 1");
+  o.sets = a.all("set");
+  o.quiet = a.has("quiet");
+  // The trainer is this very executable.
+  o.trainer_exe = fs::read_symlink("/proc/self/exe").string();
+  const auto result = analysis::run_confirm(o, std::cerr);
+  std::cout << analysis::confirm_summary_text(result.summary);
+  for (const auto& r : result.runs)
+    if (r.exit_code == 0) return exit_code::kOk;
+  std::cerr << "bertsweep study confirm: every run failed; see the logs under " << o.dir << "/" << o.study
+            << "/confirm/session-" << result.session << "/\n";
+  return exit_code::kStudy;
+}
+
+template <class F>
+int guarded(const std::string& sub, F&& f) {
+  try {
+    return f();
+  } catch (const StudyError& e) {
+    std::cerr << "bertsweep study " << sub << ": " << e.what() << "\n";
+    return exit_code::kStudy;
+  } catch (const UsageError& e) {
+    std::cerr << "bertsweep study " << sub << ": " << e.what() << " (see bertsweep study " << sub << " --help)\n";
+    return exit_code::kUsage;
+  } catch (const ConfigError& e) {
+    std::cerr << "bertsweep study " << sub << ": config error: " << e.what() << "\n";
+    return exit_code::kUsage;
+  }
+}
+
+}  // namespace
+
+int study_export_command(const Argv& args) {
+  Args a(strip_subcommand(args, "export"), {"best", "help"});
+  if (a.has("help")) {
+    std::cout << kExportHelp;
+    return exit_code::kOk;
+  }
+  return guarded("export", [&] { return export_study(a); });
+}
+
+int study_confirm_command(const Argv& args) {
+  Args a(strip_subcommand(args, "confirm"), {"quiet", "help"});
+  if (a.has("help")) {
+    std::cout << kConfirmHelp;
+    return exit_code::kOk;
+  }
+  return guarded("confirm", [&] { return confirm_study(a); });
+}
+
+}  // namespace bs::cli

@@ -1,0 +1,29 @@
+// Builds one flat JSON object per line (trial events, MLLOG lines). Numbers keep full precision; NaN/inf
+// become null because JSON has no spelling for them.
+#pragma once
+#include <cstdint>
+#include <string>
+
+namespace bs {
+
+class JsonWriter {
+ public:
+  JsonWriter& add(const std::string& key, double v);
+  JsonWriter& add(const std::string& key, int64_t v);
+  JsonWriter& add(const std::string& key, int v) { return add(key, static_cast<int64_t>(v)); }
+  JsonWriter& add(const std::string& key, bool v);
+  JsonWriter& add(const std::string& key, const std::string& v);
+  JsonWriter& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
+  JsonWriter& add_null(const std::string& key);
+  // `json` is already valid JSON (a nested object or array).
+  JsonWriter& add_raw(const std::string& key, const std::string& json);
+  std::string str() const { return "{" + body_ + "}"; }
+
+  static std::string quote(const std::string& s);
+
+ private:
+  void key(const std::string& k);
+  std::string body_;
+};
+
+}  // namespace bs

@@ -1,0 +1,52 @@
+#include "optimizers/Clipping.h"
+
+#include <cmath>
+#include <stdexcept>
+#include <string>
+
+namespace bs::optim {
+
+namespace {
+// As torch.nn.utils.clip_grad_norm_, plus 1e-6 relative headroom so that float32 rounding of the scaled
+// values cannot push the clipped norm above max_norm.
+double clip_coefficient(double norm, double max_norm) { return max_norm / (norm * (1 + 1e-6) + 1e-6); }
+
+void check_max_norm(double max_norm) {
+  if (!(max_norm > 0)) throw std::invalid_argument("clip.max_norm must be > 0, got " + std::to_string(max_norm));
+}
+}  // namespace
+
+double global_norm(const std::vector<torch::Tensor>& grads) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> sq;
+  for (const auto& g : grads)
+    if (g.defined() && g.numel() > 0) sq.push_back(g.norm().to(torch::kDouble).square().cpu());
+  if (sq.empty()) return 0.0;
+  return std::sqrt(torch::stack(sq).sum().item<double>());
+}
+
+double clip_global_norm_(const std::vector<torch::Tensor>& grads, double max_norm) {
+  check_max_norm(max_norm);
+  const double norm = global_norm(grads);
+  const double coef = clip_coefficient(norm, max_norm);
+  if (std::isfinite(norm) && coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    for (const auto& g : grads)
+      if (g.defined()) g.mul_(coef);
+  }
+  return norm;
+}
+
+double clip_bucket_(torch::Tensor bucket, double max_norm, int64_t n_buckets) {
+  check_max_norm(max_norm);
+  if (n_buckets < 1) throw std::invalid_argument("clip_bucket_: n_buckets must be >= 1");
+  const double norm = global_norm({bucket});
+  const double coef = clip_coefficient(norm, max_norm / std::sqrt(static_cast<double>(n_buckets)));
+  if (std::isfinite(norm) && coef < 1.0) {
+    torch::NoGradGuard no_grad;
+    bucket.mul_(coef);
+  }
+  return norm;
+}
+
+}  // namespace bs::optim

@@ -1,0 +1,555 @@
+#include "search/Controller.h"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/file.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+#include <iostream>
+#include <list>
+#include <memory>
+#include <sstream>
+#include <thread>
+
+#include "common/BuildInfo.h"
+#include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
+#include "search/OptunaBridge.h"
+#include "search/TrialEvent.h"
+#include "search/TrialLauncher.h"
+#include "studies/StudyStore.h"
+
+namespace bs::search {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+std::string hostname() {
+  char buf[256] = {0};
+  gethostname(buf, sizeof buf - 1);
+  return buf;
+}
+
+std::string value_at(const std::string& yaml_text, const std::string& key) {
+  try {
+    YAML::Node n = YAML::Load(yaml_text);
+    std::stringstream ss(key);
+    for (std::string part; std::getline(ss, part, '.');) {
+      if (!n.IsMap()) return "";
+      n = n[part];
+      if (!n) return "";
+    }
+    return n.IsScalar() ? n.Scalar() : "";
+  } catch (...) {
+    return "";
+  }
+}
+
+double number_at(const std::string& yaml_text, const std::string& key) {
+  try {
+    return std::stod(value_at(yaml_text, key));
+  } catch (...) {
+    return std::nan("");
+  }
+}
+
+std::string last_line_of(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  if (last.size() > 300) last = last.substr(0, 300) + "...";
+  return last;
+}
+
+std::string fmt(double v, int precision = 6) {
+  std::ostringstream os;
+  os << std::setprecision(precision) << v;
+  return os.str();
+}
+
+// Is `pid` still a process launched for `trial_dir` (not a recycled pid)?
+bool trial_process_alive(int64_t pid, const std::string& trial_dir) {
+  if (pid <= 0 || kill(static_cast<pid_t>(pid), 0) != 0) return false;
+  std::ifstream in("/proc/" + std::to_string(pid) + "/cmdline");
+  std::string cmdline((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return !trial_dir.empty() && cmdline.find(trial_dir) != std::string::npos;
+}
+
+// Exit codes that would fail the same way again: retrying them wastes the budget.
+bool retryable(const TrialRecord& r) {
+  return r.exit_code != exit_code::kUsage && r.exit_code != exit_code::kNonFinite &&
+         r.reason.rfind("config", 0) != 0;
+}
+
+struct RunningTrial {
+  TrialRecord rec;
+  std::map<std::string, ParamValue> params;
+  std::unique_ptr<TrialProcess> proc;
+  int64_t eval_every = 1;
+  int64_t last_step = -1;
+  double last_event = 0;
+  double term_sent = 0;
+  bool prune_requested = false, timed_out = false, killed = false;
+  std::optional<TrialEvent> done;
+  double last_acc = 0;
+  int64_t last_samples = 0;
+  std::string label;
+};
+
+class StudyRun {
+ public:
+  StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir)
+      : c_(c), o_(o), dir_(dir), store_(dir + "/study.db") {}
+
+  int run() {
+    check_same_study();
+    store_.save_study(c_.name, c_.to_yaml_string());
+    bridge_ = std::make_unique<OptunaBridge>(store_.path(), c_);
+    record_environment();
+    recover_dead_controller();
+    base_ = c_.base();
+    int cores = o_.cores > 0 ? o_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    threads_ = std::max(1, cores / c_.parallel);
+    say("study " + c_.name + ": " + std::to_string(c_.n_trials) + " trials, " + std::to_string(c_.parallel) +
+        " in parallel, " + std::to_string(threads_) + " threads each, objective " + c_.objectives[0] + " (" +
+        c_.directions[0] + ")");
+    for (;;) {
+      while (static_cast<int>(running_.size()) < c_.parallel && budget_left()) launch_one();
+      if (running_.empty()) break;
+      wait_for_events();
+      for (auto it = running_.begin(); it != running_.end();) {
+        RunningTrial& r = **it;
+        for (const auto& line : r.proc->read_lines()) handle_line(r, line);
+        if (auto code = r.proc->poll_exit()) {
+          for (const auto& line : r.proc->read_lines()) handle_line(r, line);
+          finish(r, *code);
+          it = running_.erase(it);
+          continue;
+        }
+        enforce_limits(r);
+        ++it;
+      }
+    }
+    summary();
+    return exit_code::kOk;
+  }
+
+ private:
+  void say(const std::string& s) const {
+    if (!o_.quiet) std::cerr << "[" << c_.name << "] " << s << "\n" << std::flush;
+  }
+
+  void check_same_study() {
+    auto stored = store_.study_config(c_.name);
+    if (!stored) return;
+    StudyConfig old = StudyConfig::from_yaml(YAML::Load(*stored), store_.path() + " (stored study config)");
+    if (old.identity() != c_.identity())
+      throw ConfigError(c_.source + ": study '" + c_.name + "' already exists in " + dir_ +
+                        " with a different search (objective, sampler, pruner, seed, base or space differ); "
+                        "give a new --name, or run `bertsweep study resume " + c_.name + "` to continue it");
+  }
+
+  void record_environment() {
+    std::map<std::string, std::string> env = {
+        {"host", hostname()},
+        {"cores", std::to_string(std::thread::hardware_concurrency())},
+        {"git_commit", BERTSWEEP_BUILD_GIT_COMMIT},
+        {"torch_version", BERTSWEEP_TORCH_VERSION},
+        {"optuna_version", ensure_python()},
+        {"python", BERTSWEEP_PYTHON},
+        {"python_version", python_version()},
+        {"trainer", o_.trainer_exe},
+        {"controller_pid", std::to_string(getpid())},
+        {"started", fmt(now_s(), 15)},
+        {"launcher", c_.launcher.kind},
+        {"parallel", std::to_string(c_.parallel)},
+    };
+    store_.record_environment(env);
+  }
+
+  // Trials left RUNNING by a controller that died: kill leftovers, replay what our table already knows,
+  // mark the rest failed ("controller died") and re-queue them when retry_failed allows.
+  void recover_dead_controller() {
+    for (const auto& info : bridge_->trials()) {
+      if (info.state != trial_state::kRunning) continue;
+      auto row = store_.trial(info.number);
+      TrialRecord rec;
+      if (row) rec = *row;
+      else {
+        rec.number = info.number;
+        rec.params_json = params_to_json(info.params);
+        rec.host = hostname();
+      }
+      if (row && rec.state != trial_state::kRunning) {  // ours was written, Optuna's tell was not
+        if (rec.state == trial_state::kComplete) bridge_->tell_complete(rec.number, rec.values);
+        else if (rec.state == trial_state::kPruned) bridge_->tell_pruned(rec.number);
+        else bridge_->tell_fail(rec.number);
+        continue;
+      }
+      if (trial_process_alive(rec.pid, rec.trial_dir)) {
+        kill(-static_cast<pid_t>(rec.pid), SIGKILL);
+        say("trial " + std::to_string(rec.number) + ": killed its leftover process " + std::to_string(rec.pid));
+      }
+      rec.state = trial_state::kFail;
+      rec.reason = "controller died";
+      rec.end_time = now_s();
+      auto it = info.user_attrs.find("bs_attempt");
+      if (it != info.user_attrs.end()) rec.attempt = std::stoi(it->second);
+      store_.update_trial(rec);
+      bridge_->tell_fail(rec.number);
+      maybe_retry(rec, info.params);
+      say("trial " + std::to_string(rec.number) + ": was running when the controller died; marked failed" +
+          (rec.retried ? " and re-queued" : ""));
+    }
+    // Rows still RUNNING whose Optuna trial already ended (e.g. told just before the controller died).
+    for (auto rec : store_.trials_in_state(trial_state::kRunning)) {
+      rec.state = trial_state::kFail;
+      rec.reason = "controller died";
+      rec.end_time = now_s();
+      store_.update_trial(rec);
+    }
+  }
+
+  bool budget_left() {
+    int total = 0, waiting = 0;
+    for (const auto& kv : bridge_->count_by_state()) {
+      total += kv.second;
+      if (kv.first == "WAITING") waiting += kv.second;
+    }
+    int retried = 0;
+    for (const auto& t : store_.trials()) retried += t.retried ? 1 : 0;
+    return waiting > 0 || total - retried < c_.n_trials;
+  }
+
+  void launch_one() {
+    auto r = std::make_unique<RunningTrial>();
+    OptunaBridge::Asked a = bridge_->ask(c_.space, base_);
+    TrialRecord& rec = r->rec;
+    rec.number = a.number;
+    rec.params_json = params_to_json(a.params);
+    rec.host = hostname();
+    rec.start_time = now_s();
+    if (a.user_attrs.count("bs_attempt")) rec.attempt = std::stoi(a.user_attrs["bs_attempt"]);
+    if (a.user_attrs.count("bs_retry_of")) rec.retry_of = std::stoll(a.user_attrs["bs_retry_of"]);
+    r->params = a.params;
+    char num[16];
+    std::snprintf(num, sizeof num, "%04lld", static_cast<long long>(a.number));
+    rec.trial_dir = fs::absolute(dir_ + "/trials/" + num).string();
+    fs::create_directories(rec.trial_dir);
+    try {
+      rec.config_yaml = c_.space.resolve(base_, a.params, "trial " + std::to_string(a.number));
+    } catch (const ConfigError& e) {
+      rec.state = trial_state::kFail;
+      rec.reason = std::string("config: ") + e.what();
+      rec.end_time = now_s();
+      store_.insert_trial(rec);
+      bridge_->tell_fail(rec.number);
+      say("trial " + std::to_string(rec.number) + " FAIL before launch: " + rec.reason);
+      return;
+    }
+    std::string config_path = rec.trial_dir + "/config.yaml";
+    std::ofstream(config_path) << rec.config_yaml;
+    LaunchSpec spec = trainer_launch(c_.launcher, o_.trainer_exe, config_path, threads_, rec.trial_dir);
+    try {
+      r->proc = std::make_unique<TrialProcess>(spec);
+    } catch (const std::exception& e) {
+      rec.state = trial_state::kFail;
+      rec.reason = std::string("launch: ") + e.what();
+      rec.end_time = now_s();
+      store_.insert_trial(rec);
+      bridge_->tell_fail(rec.number);
+      throw;  // every later trial would fail the same way
+    }
+    rec.pid = r->proc->pid();
+    store_.insert_trial(rec);
+    r->eval_every = std::max<int64_t>(1, static_cast<int64_t>(number_at(rec.config_yaml, "target.eval_every_samples")));
+    r->last_event = now_s();
+    r->label = "trial " + std::to_string(rec.number) + " (" + value_at(rec.config_yaml, "optimizer.name") +
+               " b=" + value_at(rec.config_yaml, "batch.global") + " lr=" +
+               fmt(number_at(rec.config_yaml, "optimizer.lr"), 3) + ")";
+    say(r->label + ": started, pid " + std::to_string(rec.pid) + (rec.attempt > 1 ? ", retry of trial " +
+                                                                    std::to_string(rec.retry_of) : ""));
+    running_.push_back(std::move(r));
+  }
+
+  void wait_for_events() {
+    std::vector<pollfd> fds;
+    for (const auto& r : running_)
+      if (r->proc->event_fd() >= 0) fds.push_back({r->proc->event_fd(), POLLIN, 0});
+    // A short timeout: exits are noticed by polling waitpid, timeouts by the clock.
+    poll(fds.data(), fds.size(), 200);
+  }
+
+  void handle_line(RunningTrial& r, const std::string& line) {
+    auto ev = parse_trial_event(line);
+    if (!ev) return;
+    r.last_event = now_s();
+    const int64_t n = r.rec.number;
+    if (ev->kind == "eval") {
+      EvalPoint e;
+      e.trial = n;
+      e.step = static_cast<int64_t>(ev->number("step"));
+      e.samples = static_cast<int64_t>(ev->number("samples"));
+      e.mlm_accuracy = ev->number("mlm_accuracy");
+      e.loss = ev->number("loss");
+      e.seconds = ev->number("seconds");
+      store_.add_eval(e);
+      r.last_acc = e.mlm_accuracy;
+      r.last_samples = e.samples;
+      say(r.label + ": " + std::to_string(e.samples) + " samples, accuracy " + fmt(e.mlm_accuracy, 4) + ", loss " +
+          fmt(e.loss, 4) + ", " + fmt(e.seconds, 4) + " s");
+      report_to_pruner(r, e);
+    } else if (ev->kind == "throughput") {
+      ThroughputPoint p;
+      p.trial = n;
+      p.step = static_cast<int64_t>(ev->number("step"));
+      p.samples = static_cast<int64_t>(ev->number("samples"));
+      p.samples_per_s = ev->number("samples_per_s");
+      p.tokens_per_s = ev->number("tokens_per_s");
+      p.padding_waste = ev->number("padding_waste");
+      p.imbalance = ev->number("imbalance");
+      p.overlap = ev->number("overlap");
+      p.step_seconds = ev->number("step_seconds");
+      store_.add_throughput(p);
+    } else if (ev->kind == "rank_load") {
+      store_.add_rank_load({n, static_cast<int64_t>(ev->number("step")), line});
+    } else if (ev->kind == "done") {
+      r.done = ev;
+    }
+  }
+
+  // Pruners compare intermediate values at equal steps in the study's direction: the step is the
+  // sample count rounded to the eval interval (batch sizes differ between trials), the value is the
+  // accuracy when maximizing it, else the error (1 - accuracy) so that lower is better.
+  void report_to_pruner(RunningTrial& r, const EvalPoint& e) {
+    if (c_.multi_objective() || c_.pruner == "none" || r.prune_requested) return;
+    int64_t step = static_cast<int64_t>(std::llround(double(e.samples) / r.eval_every)) * r.eval_every;
+    if (step <= r.last_step) return;
+    r.last_step = step;
+    double v = c_.directions[0] == "maximize" ? e.mlm_accuracy : 1.0 - e.mlm_accuracy;
+    bridge_->report(r.rec.number, v, step);
+    if (bridge_->should_prune(r.rec.number)) {
+      r.prune_requested = true;
+      r.rec.reason = "pruned at " + std::to_string(e.samples) + " samples (accuracy " + fmt(e.mlm_accuracy, 4) + ")";
+      r.proc->signal_group(SIGTERM);
+      r.term_sent = now_s();
+      say(r.label + ": " + r.rec.reason);
+    }
+  }
+
+  void enforce_limits(RunningTrial& r) {
+    double t = now_s();
+    if (c_.trial_timeout > 0 && !r.timed_out && !r.prune_requested && t - r.last_event > c_.trial_timeout) {
+      r.timed_out = true;
+      r.rec.reason = "timeout: no event for " + fmt(c_.trial_timeout) + " s";
+      r.proc->signal_group(SIGTERM);
+      r.term_sent = t;
+      say(r.label + ": " + r.rec.reason + "; stopping it");
+    }
+    if (r.term_sent > 0 && !r.killed && t - r.term_sent > o_.kill_grace_s) {
+      r.proc->signal_group(SIGKILL);
+      r.killed = true;
+    }
+  }
+
+  std::vector<double> objective_values(const RunningTrial& r) const {
+    const TrialEvent& d = *r.done;
+    std::vector<double> values;
+    for (const auto& o : c_.objectives) {
+      if (o == "samples_to_target")
+        values.push_back(r.rec.reached ? d.number("samples_to_target")
+                                       : 2.0 * number_at(r.rec.config_yaml, "target.max_samples"));
+      else if (o == "seconds_to_target")
+        values.push_back(r.rec.reached ? d.number("seconds_to_target")
+                                       : kUnreachedSecondsOffset + (r.rec.end_time - r.rec.start_time));
+      else if (o == "final_mlm_accuracy")
+        values.push_back(d.number("final_mlm_accuracy", r.last_acc));
+      else
+        values.push_back(number_at(r.rec.config_yaml, o));
+    }
+    return values;
+  }
+
+  void finish(RunningTrial& r, int code) {
+    TrialRecord& rec = r.rec;
+    rec.end_time = now_s();
+    rec.exit_code = code;
+    if (r.done) {
+      rec.reached = r.done->flag("reached");
+      if (rec.reached) {
+        rec.samples_to_target = r.done->maybe("samples_to_target");
+        rec.seconds_to_target = r.done->maybe("seconds_to_target");
+      }
+      rec.final_mlm_accuracy = r.done->maybe("final_mlm_accuracy");
+    }
+    if (r.prune_requested) {
+      rec.state = trial_state::kPruned;
+      store_.update_trial(rec);
+      bridge_->tell_pruned(rec.number);
+    } else if (!r.timed_out && code == exit_code::kOk && r.done) {
+      rec.state = trial_state::kComplete;
+      rec.reason.clear();
+      rec.values = objective_values(r);
+      store_.update_trial(rec);
+      bridge_->tell_complete(rec.number, rec.values);
+    } else {
+      rec.state = trial_state::kFail;
+      if (!r.timed_out) {
+        rec.reason = code == exit_code::kOk ? "exit 0 without a done event" : describe_exit(code);
+        std::string last = last_line_of(rec.trial_dir + "/stderr.log");
+        if (!last.empty() && code != exit_code::kOk) rec.reason += ": " + last;
+      }
+      store_.update_trial(rec);
+      bridge_->tell_fail(rec.number);
+      maybe_retry(rec, r.params);
+    }
+    std::string what = rec.state;
+    if (rec.state == trial_state::kComplete)
+      what += " value " + fmt(rec.values[0], 8) + (rec.reached ? " (target reached)" : " (target not reached)");
+    else
+      what += ": " + rec.reason;
+    say(r.label + ": " + what + progress());
+  }
+
+  void maybe_retry(TrialRecord& rec, const std::map<std::string, ParamValue>& params) {
+    if (rec.attempt > c_.retry_failed || !retryable(rec)) return;
+    bridge_->enqueue(params, {{"bs_retry_of", std::to_string(rec.number)},
+                              {"bs_attempt", std::to_string(rec.attempt + 1)}});
+    store_.mark_retried(rec.number);
+    rec.retried = true;
+  }
+
+  std::string progress() const {
+    auto counts = bridge_->count_by_state();
+    std::string s = " | " + std::to_string(counts["COMPLETE"]) + " complete, " + std::to_string(counts["PRUNED"]) +
+                    " pruned, " + std::to_string(counts["FAIL"]) + " failed";
+    if (!c_.multi_objective())
+      if (auto best = bridge_->best_trial_number())
+        if (auto t = store_.trial(*best); t && !t->values.empty())
+          s += "; best trial " + std::to_string(*best) + " = " + fmt(t->values[0], 8);
+    return s;
+  }
+
+  void summary() const { say("done" + progress()); }
+
+  const StudyConfig& c_;
+  const ControllerOptions& o_;
+  std::string dir_;
+  StudyStore store_;
+  std::unique_ptr<OptunaBridge> bridge_;
+  YAML::Node base_;
+  int threads_ = 1;
+  std::list<std::unique_ptr<RunningTrial>> running_;
+};
+
+}  // namespace
+
+std::string study_dir(const std::string& dir, const std::string& name) {
+  if (!is_valid_study_name(name))
+    throw ConfigError("study name '" + name + "' may only contain letters, digits, '_', '.', '-'");
+  return (fs::path(dir) / name).string();
+}
+
+Controller::Controller(StudyConfig config, ControllerOptions options)
+    : config_(std::move(config)), options_(std::move(options)) {}
+
+std::string Controller::study_dir() const { return search::study_dir(options_.dir, config_.name); }
+std::string Controller::db_path() const { return study_dir() + "/study.db"; }
+
+int Controller::run() {
+  if (options_.trainer_exe.empty()) throw std::invalid_argument("Controller: trainer_exe is not set");
+  std::string dir = study_dir();
+  fs::create_directories(dir + "/trials");
+  // One controller per study: a second one would launch the same trials twice. The lock dies with us.
+  std::string lock_path = dir + "/controller.lock";
+  int fd = open(lock_path.c_str(), O_CREAT | O_RDWR | O_CLOEXEC, 0644);
+  if (fd < 0 || flock(fd, LOCK_EX | LOCK_NB) != 0) {
+    if (fd >= 0) close(fd);
+    throw std::runtime_error("study '" + config_.name + "' in " + options_.dir +
+                             " is being run by another controller (lock " + lock_path + ")");
+  }
+  struct Unlock {
+    int fd;
+    ~Unlock() { close(fd); }
+  } unlock{fd};
+  StudyRun run(config_, options_, dir);
+  return run.run();
+}
+
+StudyConfig load_stored_study(const std::string& dir, const std::string& name) {
+  std::string db = search::study_dir(dir, name) + "/study.db";
+  if (!fs::exists(db))
+    throw std::runtime_error("no study '" + name + "' in " + dir + " (" + db +
+                             " not found; check --dir or start it with `bertsweep study run`)");
+  StudyStore store(db);
+  auto text = store.study_config(name);
+  if (!text) throw std::runtime_error(db + ": holds no bertsweep study named '" + name + "'");
+  return StudyConfig::from_yaml(YAML::Load(*text), db + " (stored study config)");
+}
+
+std::string study_status_text(const std::string& dir, const std::string& name) {
+  StudyConfig c = load_stored_study(dir, name);
+  StudyStore store(search::study_dir(dir, name) + "/study.db");
+  auto trials = store.trials();
+  bool maximize = c.directions[0] == "maximize";
+  auto rank = [](const std::string& s) {
+    return s == trial_state::kComplete ? 0 : s == trial_state::kRunning ? 1 : s == trial_state::kPruned ? 2 : 3;
+  };
+  std::stable_sort(trials.begin(), trials.end(), [&](const TrialRecord& a, const TrialRecord& b) {
+    if (rank(a.state) != rank(b.state)) return rank(a.state) < rank(b.state);
+    if (a.state == trial_state::kComplete && !a.values.empty() && !b.values.empty() && a.values[0] != b.values[0])
+      return maximize ? a.values[0] > b.values[0] : a.values[0] < b.values[0];
+    return a.number < b.number;
+  });
+  std::vector<std::string> keys = {"optimizer.name", "batch.global", "optimizer.lr"};
+  for (const auto& p : c.space.params())
+    if (std::find(keys.begin(), keys.end(), p.key) == keys.end()) keys.push_back(p.key);
+  std::ostringstream os;
+  os << "study " << name << " (" << store.path() << "): objective " << c.objectives[0] << " (" << c.directions[0]
+     << "), sampler " << c.sampler << ", pruner " << c.pruner << ", " << c.n_trials << " trials\n";
+  os << std::left << std::setw(6) << "#" << std::setw(10) << "state" << std::setw(14) << "value" << std::setw(8)
+     << "reached";
+  for (const auto& k : keys) os << " " << std::setw(std::max<int>(10, k.size())) << k;
+  os << "  reason\n";
+  std::map<std::string, int> counts;
+  for (const auto& t : trials) {
+    ++counts[t.state];
+    os << std::setw(6) << t.number << std::setw(10) << t.state << std::setw(14)
+       << (t.values.empty() ? std::string("-") : fmt(t.values[0], 8)) << std::setw(8)
+       << (t.state == trial_state::kComplete || t.state == trial_state::kPruned ? (t.reached ? "yes" : "no") : "-");
+    for (const auto& k : keys) {
+      std::string v = value_at(t.config_yaml, k);
+      if (k == "optimizer.lr" && !v.empty()) v = fmt(number_at(t.config_yaml, k), 4);
+      os << " " << std::setw(std::max<int>(10, k.size())) << (v.empty() ? "-" : v);
+    }
+    os << "  " << (t.reason.size() > 60 ? t.reason.substr(0, 60) + "..." : t.reason) << "\n";
+  }
+  os << "trials: " << trials.size();
+  std::string sep = " (";
+  for (const auto& kv : counts) {
+    os << sep << kv.first << " " << kv.second;
+    sep = ", ";
+  }
+  os << (counts.empty() ? "" : ")") << "\n";
+  if (!trials.empty() && trials[0].state == trial_state::kComplete)
+    os << "best: trial " << trials[0].number << " value " << fmt(trials[0].values[0], 10)
+       << (trials[0].reached ? " (target reached)" : " (target not reached)") << "\n";
+  return os.str();
+}
+
+}  // namespace bs::search

@@ -1,0 +1,320 @@
+#include "search/SearchSpace.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <cmath>
+#include <set>
+#include <sstream>
+
+#include "common/JsonWriter.h"
+#include "common/TrainConfig.h"
+
+namespace bs::search {
+
+namespace {
+
+using yaml::where;
+
+bool parse_int(const std::string& s, int64_t& out) {
+  if (s.empty()) return false;
+  std::size_t n = 0;
+  try {
+    long long v = std::stoll(s, &n);
+    if (n != s.size()) return false;
+    out = v;
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
+bool parse_double(const std::string& s, double& out) {
+  if (s.empty()) return false;
+  std::size_t n = 0;
+  try {
+    out = std::stod(s, &n);
+    return n == s.size();
+  } catch (...) {
+    return false;
+  }
+}
+
+double number(const YAML::Node& n, const std::string& what, const std::string& source) {
+  double v;
+  if (!n.IsScalar() || !parse_double(n.Scalar(), v))
+    throw ConfigError(where(n, source) + ": " + what + " must be a number" +
+                      (n.IsScalar() ? ", got '" + n.Scalar() + "'" : ""));
+  return v;
+}
+
+// Reads `[low, high]` of a range parameter.
+void read_range(const YAML::Node& n, SpaceParam& p, const std::string& kind, const std::string& source) {
+  if (!n.IsSequence() || n.size() != 2)
+    throw ConfigError(where(n, source) + ": parameter '" + p.key + "': " + kind +
+                      " needs [low, high] (a list of two numbers)");
+  p.low = number(n[0], "parameter '" + p.key + "': low", source);
+  p.high = number(n[1], "parameter '" + p.key + "': high", source);
+  if (p.low > p.high)
+    throw ConfigError(where(n, source) + ": parameter '" + p.key + "': low (" + to_string(p.low) +
+                      ") > high (" + to_string(p.high) + "); swap them");
+}
+
+std::string text_at(const YAML::Node& root, const std::string& key) {
+  YAML::Node n = YAML::Clone(root);
+  std::stringstream ss(key);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (!n.IsMap()) return "";
+    n = n[part];
+    if (!n) return "";
+  }
+  return n.IsScalar() ? n.Scalar() : "";
+}
+
+double number_at(const YAML::Node& root, const std::string& key, const std::string& source) {
+  double v;
+  std::string s = text_at(root, key);
+  if (!parse_double(s, v))
+    throw ConfigError(source + ": derived value needs '" + key + "' to be a number, it is '" + s + "'");
+  return v;
+}
+
+}  // namespace
+
+std::string to_string(const ParamValue& v) {
+  struct V {
+    std::string operator()(int64_t x) const { return std::to_string(x); }
+    std::string operator()(double x) const {
+      std::ostringstream os;
+      os.precision(17);
+      os << x;
+      std::string s = os.str();
+      // Keep it a float when read back as YAML ("1" would read as an integer).
+      if (s.find_first_of(".eEn") == std::string::npos) s += ".0";
+      return s;
+    }
+    std::string operator()(bool x) const { return x ? "true" : "false"; }
+    std::string operator()(const std::string& x) const { return x; }
+  };
+  return std::visit(V{}, v);
+}
+
+ParamValue parse_scalar(const std::string& s) {
+  int64_t i;
+  if (parse_int(s, i)) return i;
+  double d;
+  if (parse_double(s, d)) return d;
+  if (s == "true" || s == "false") return s == "true";
+  return s;
+}
+
+std::string params_to_json(const std::map<std::string, ParamValue>& params) {
+  JsonWriter w;
+  for (const auto& kv : params) {
+    struct V {
+      JsonWriter& w;
+      const std::string& k;
+      void operator()(int64_t x) const { w.add(k, x); }
+      void operator()(double x) const { w.add(k, x); }
+      void operator()(bool x) const { w.add(k, x); }
+      void operator()(const std::string& x) const { w.add(k, x); }
+    };
+    std::visit(V{w, kv.first}, kv.second);
+  }
+  return w.str();
+}
+
+std::vector<ParamValue> SpaceParam::grid_values() const {
+  std::vector<ParamValue> out;
+  if (kind == Kind::kChoice) return choices;
+  if (kind != Kind::kInt)
+    throw ConfigError(where + ": parameter '" + key +
+                      "' is continuous; the grid sampler needs choice or int parameters");
+  if (pow2) {
+    for (int64_t v = 1; v <= static_cast<int64_t>(high); v *= 2)
+      if (v >= static_cast<int64_t>(low)) out.push_back(v);
+  } else {
+    for (int64_t v = static_cast<int64_t>(low); v <= static_cast<int64_t>(high); v += step) out.push_back(v);
+  }
+  return out;
+}
+
+SearchSpace SearchSpace::from_yaml(const YAML::Node& space, const YAML::Node& derived, const std::string& source) {
+  SearchSpace s;
+  std::set<std::string> declared;
+  if (space && !space.IsNull()) {
+    if (!space.IsMap())
+      throw ConfigError(where(space, source) + ": 'space' must be a mapping of training key paths to parameters");
+    for (const auto& kv : space) {
+      SpaceParam p;
+      p.key = kv.first.Scalar();
+      p.where = where(kv.first, source);
+      if (!TrainConfig::is_key(p.key))
+        throw ConfigError(p.where + ": space parameter '" + p.key +
+                          "' is not a training config key (keys are paths like optimizer.lr; see "
+                          "`bertsweep train --help`)");
+      if (declared.count(p.key)) throw ConfigError(p.where + ": parameter '" + p.key + "' is declared twice");
+      const YAML::Node& d = kv.second;
+      if (!d.IsMap())
+        throw ConfigError(where(d, source) + ": parameter '" + p.key +
+                          "' must be a mapping like {choice: [...]} or {uniform: [lo, hi]}");
+      int kinds = 0;
+      for (const auto& e : d) {
+        const std::string k = e.first.Scalar();
+        const YAML::Node& v = e.second;
+        if (k == "choice") {
+          ++kinds;
+          p.kind = SpaceParam::Kind::kChoice;
+          if (!v.IsSequence() || v.size() == 0)
+            throw ConfigError(where(v, source) + ": parameter '" + p.key +
+                              "': choice needs a non-empty list of values");
+          for (const auto& c : v) {
+            if (!c.IsScalar())
+              throw ConfigError(where(c, source) + ": parameter '" + p.key + "': choices must be plain values");
+            p.choices.push_back(parse_scalar(c.Scalar()));
+          }
+        } else if (k == "uniform" || k == "log_uniform" || k == "int") {
+          ++kinds;
+          p.kind = k == "uniform" ? SpaceParam::Kind::kUniform
+                                  : k == "log_uniform" ? SpaceParam::Kind::kLogUniform : SpaceParam::Kind::kInt;
+          read_range(v, p, k, source);
+          if (p.kind == SpaceParam::Kind::kLogUniform && p.low <= 0)
+            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': log_uniform needs low > 0");
+          if (p.kind == SpaceParam::Kind::kInt &&
+              (std::floor(p.low) != p.low || std::floor(p.high) != p.high))
+            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': int bounds must be integers");
+        } else if (k == "step") {
+          int64_t st;
+          if (!v.IsScalar() || !parse_int(v.Scalar(), st) || st <= 0)
+            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': step must be an integer > 0");
+          p.step = st;
+        } else if (k == "pow2" || k == "log") {
+          if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false"))
+            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': " + k + " must be true or false");
+          (k == "pow2" ? p.pow2 : p.log) = v.Scalar() == "true";
+        } else if (k == "when") {
+          if (!v.IsMap() || v.size() == 0)
+            throw ConfigError(where(v, source) + ": parameter '" + p.key +
+                              "': when must be a mapping {key.path: value or [values]}");
+          for (const auto& c : v) {
+            Condition cond;
+            cond.key = c.first.Scalar();
+            if (!TrainConfig::is_key(cond.key))
+              throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "': condition key '" + cond.key +
+                                "' is not a training config key");
+            if (cond.key == p.key)
+              throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "' cannot depend on itself");
+            if (c.second.IsScalar()) cond.values.push_back(c.second.Scalar());
+            else if (c.second.IsSequence())
+              for (const auto& x : c.second) cond.values.push_back(x.Scalar());
+            else
+              throw ConfigError(where(c.second, source) + ": parameter '" + p.key + "': condition on '" +
+                                cond.key + "' must be a value or a list of values");
+            p.when.push_back(cond);
+          }
+        } else {
+          throw ConfigError(where(e.first, source) + ": parameter '" + p.key + "': unknown key '" + k +
+                            "' (expected choice, uniform, log_uniform, int, step, pow2, log, when)");
+        }
+      }
+      if (kinds != 1)
+        throw ConfigError(p.where + ": parameter '" + p.key +
+                          "' needs exactly one of choice, uniform, log_uniform, int");
+      if ((p.pow2 || p.log || p.step != 1) && p.kind != SpaceParam::Kind::kInt)
+        throw ConfigError(p.where + ": parameter '" + p.key + "': step, pow2 and log apply to int parameters only");
+      if (p.pow2 && p.grid_values().empty())
+        throw ConfigError(p.where + ": parameter '" + p.key + "': no power of two lies in [" + to_string(p.low) +
+                          ", " + to_string(p.high) + "]");
+      if (p.kind == SpaceParam::Kind::kInt && p.log && p.low <= 0)
+        throw ConfigError(p.where + ": parameter '" + p.key + "': log needs low > 0");
+      if (p.pow2) p.choices = p.grid_values();
+      s.params_.push_back(p);
+      declared.insert(p.key);
+    }
+    // A condition may read a parameter only when it is declared earlier (it is sampled first).
+    std::set<std::string> before;
+    for (const auto& p : s.params_) {
+      for (const auto& c : p.when)
+        if (declared.count(c.key) && !before.count(c.key))
+          throw ConfigError(p.where + ": parameter '" + p.key + "' depends on '" + c.key +
+                            "', which must be declared above it in `space`");
+      before.insert(p.key);
+    }
+  }
+  if (derived && !derived.IsNull()) {
+    if (!derived.IsMap())
+      throw ConfigError(where(derived, source) + ": 'derived' must be a mapping of key paths to rules");
+    for (const auto& kv : derived) {
+      DerivedRule r;
+      r.key = kv.first.Scalar();
+      r.where = where(kv.first, source);
+      if (!TrainConfig::is_key(r.key))
+        throw ConfigError(r.where + ": derived key '" + r.key + "' is not a training config key");
+      if (!kv.second.IsMap())
+        throw ConfigError(r.where + ": derived '" + r.key + "' must be {scale: KEY, by: KEY, rule: sqrt|linear, "
+                                                            "base_batch: N}");
+      bool has_scale = false, has_by = false;
+      for (const auto& e : kv.second) {
+        const std::string k = e.first.Scalar();
+        const YAML::Node& v = e.second;
+        if (k == "scale" || k == "by") {
+          std::string key = v.IsScalar() ? v.Scalar() : "";
+          if (!TrainConfig::is_key(key))
+            throw ConfigError(where(v, source) + ": derived '" + r.key + "': " + k + " '" + key +
+                              "' is not a training config key");
+          (k == "scale" ? r.scale : r.by) = key;
+          (k == "scale" ? has_scale : has_by) = true;
+        } else if (k == "rule") {
+          r.rule = v.IsScalar() ? v.Scalar() : "";
+          if (r.rule != "sqrt" && r.rule != "linear")
+            throw ConfigError(where(v, source) + ": derived '" + r.key + "': rule must be sqrt or linear");
+        } else if (k == "base_batch") {
+          r.base_batch = number(v, "derived '" + r.key + "': base_batch", source);
+          if (r.base_batch <= 0)
+            throw ConfigError(where(v, source) + ": derived '" + r.key + "': base_batch must be > 0");
+        } else {
+          throw ConfigError(where(e.first, source) + ": derived '" + r.key + "': unknown key '" + k +
+                            "' (expected scale, by, rule, base_batch)");
+        }
+      }
+      if (!has_scale || !has_by)
+        throw ConfigError(r.where + ": derived '" + r.key + "' needs both scale: and by:");
+      s.derived_.push_back(r);
+    }
+  }
+  return s;
+}
+
+std::map<std::string, ParamValue> SearchSpace::sample(const YAML::Node& base, const Suggest& suggest) const {
+  std::map<std::string, ParamValue> out;
+  for (const auto& p : params_) {
+    bool holds = true;
+    for (const auto& c : p.when) {
+      auto it = out.find(c.key);
+      std::string v = it != out.end() ? to_string(it->second) : text_at(base, c.key);
+      bool any = false;
+      for (const auto& want : c.values) any = any || want == v || parse_scalar(want) == parse_scalar(v);
+      holds = holds && any;
+    }
+    if (holds) out[p.key] = suggest(p);
+  }
+  return out;
+}
+
+std::string SearchSpace::resolve(const YAML::Node& base, const std::map<std::string, ParamValue>& sampled,
+                                 const std::string& source) const {
+  YAML::Node node = YAML::Clone(base);
+  for (const auto& kv : sampled) yaml::set_path(node, kv.first + "=" + to_string(kv.second), source);
+  TrainConfig cfg = TrainConfig::from_yaml(node, source);
+  if (!derived_.empty()) {
+    YAML::Node full = cfg.to_yaml();
+    for (const auto& r : derived_) {
+      double ratio = number_at(full, r.by, source) / r.base_batch;
+      double v = number_at(full, r.scale, source) * (r.rule == "sqrt" ? std::sqrt(ratio) : ratio);
+      yaml::set_path(full, r.key + "=" + to_string(v), source);
+    }
+    cfg = TrainConfig::from_yaml(full, source);
+  }
+  return cfg.to_yaml_string();
+}
+
+}  // namespace bs::search

@@ -1,0 +1,286 @@
+#include "search/StudyConfig.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <filesystem>
+#include <regex>
+#include <set>
+
+#include "common/TrainConfig.h"
+
+namespace bs::search {
+
+namespace fs = std::filesystem;
+using yaml::where;
+
+namespace {
+
+// Deep merge: mappings merge key by key, anything else in `over` replaces.
+YAML::Node merge(YAML::Node base, const YAML::Node& over) {
+  if (!base.IsMap() || !over.IsMap()) return over;
+  for (const auto& kv : over) {
+    const std::string k = kv.first.Scalar();
+    if (base[k] && base[k].IsMap() && kv.second.IsMap()) base[k] = merge(base[k], kv.second);
+    else base[k] = kv.second;
+  }
+  return base;
+}
+
+std::vector<std::string> string_or_list(const YAML::Node& n, const std::string& key, const std::string& source) {
+  std::vector<std::string> out;
+  if (n.IsScalar()) out.push_back(n.Scalar());
+  else if (n.IsSequence() && n.size() > 0)
+    for (const auto& e : n) {
+      if (!e.IsScalar()) throw ConfigError(where(e, source) + ": '" + key + "' entries must be plain values");
+      out.push_back(e.Scalar());
+    }
+  else throw ConfigError(where(n, source) + ": '" + key + "' must be a value or a non-empty list");
+  return out;
+}
+
+std::string scalar(const YAML::Node& n, const std::string& key, const std::string& source) {
+  if (!n.IsScalar()) throw ConfigError(where(n, source) + ": '" + key + "' must be a single value");
+  return n.Scalar();
+}
+
+int64_t integer(const YAML::Node& n, const std::string& key, const std::string& source, int64_t min) {
+  ParamValue v = parse_scalar(scalar(n, key, source));
+  if (!std::holds_alternative<int64_t>(v) || std::get<int64_t>(v) < min)
+    throw ConfigError(where(n, source) + ": '" + key + "' must be an integer >= " + std::to_string(min) +
+                      ", got '" + n.Scalar() + "'");
+  return std::get<int64_t>(v);
+}
+
+std::string one_of(const YAML::Node& n, const std::string& key, const std::string& source,
+                   const std::set<std::string>& allowed) {
+  std::string v = scalar(n, key, source);
+  if (!allowed.count(v)) {
+    std::string list;
+    for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
+    throw ConfigError(where(n, source) + ": '" + key + "' is '" + v + "'; must be one of: " + list);
+  }
+  return v;
+}
+
+std::string default_direction(const std::string& objective) {
+  return objective == "final_mlm_accuracy" ? "maximize" : "minimize";
+}
+
+}  // namespace
+
+bool is_valid_study_name(const std::string& name) {
+  static const std::regex re("[A-Za-z0-9_.-]+");
+  return std::regex_match(name, re) && name != "." && name != "..";
+}
+
+bool is_metric_objective(const std::string& name) {
+  return name == "samples_to_target" || name == "seconds_to_target" || name == "final_mlm_accuracy";
+}
+
+StudyConfig StudyConfig::load(const std::string& path, const std::vector<std::string>& sets) {
+  return from_yaml(yaml::load_file(path), path, sets);
+}
+
+StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& source,
+                                   const std::vector<std::string>& sets) {
+  YAML::Node node = in;
+  if (!node.IsMap()) throw ConfigError(source + ": a study config must be a YAML mapping of keys");
+  static const std::set<std::string> known = {"name",    "objective", "direction",     "sampler", "pruner",
+                                              "n_trials", "parallel",  "seed",          "retry_failed",
+                                              "trial_timeout", "base", "base_config",   "space",   "derived",
+                                              "launcher"};
+  std::vector<std::string> base_sets;
+  for (const auto& s : sets) {
+    std::string key = s.substr(0, s.find('='));
+    if (key.rfind("base.", 0) == 0) {
+      base_sets.push_back(s.substr(5));
+      continue;
+    }
+    std::string top = key.substr(0, key.find('.'));
+    if (!known.count(top))
+      throw ConfigError("--set " + s + ": unknown study key '" + key + "' (base training keys are base.<key.path>)");
+    yaml::set_path(node, s, "--set " + key);
+  }
+  for (const auto& kv : node)
+    if (!known.count(kv.first.Scalar()))
+      throw ConfigError(where(kv.first, source) + ": unknown study key '" + kv.first.Scalar() +
+                        "' (known: name, objective, direction, sampler, pruner, n_trials, parallel, seed, "
+                        "retry_failed, trial_timeout, base, base_config, space, derived, launcher)");
+
+  StudyConfig c;
+  c.source = source;
+  fs::path dir = fs::path(source).parent_path();
+  c.name = node["name"] ? scalar(node["name"], "name", source) : fs::path(source).stem().string();
+  if (!is_valid_study_name(c.name))
+    throw ConfigError(where(node["name"], source) + ": study name '" + c.name +
+                      "' may only contain letters, digits, '_', '.', '-'");
+
+  if (node["objective"]) {
+    c.objectives = string_or_list(node["objective"], "objective", source);
+    for (const auto& o : c.objectives)
+      if (!is_metric_objective(o) && !TrainConfig::is_key(o))
+        throw ConfigError(where(node["objective"], source) + ": objective '" + o +
+                          "' is neither samples_to_target, seconds_to_target, final_mlm_accuracy nor a training "
+                          "config key");
+  }
+  c.directions.clear();
+  if (node["direction"]) {
+    for (const auto& d : string_or_list(node["direction"], "direction", source)) {
+      if (d != "minimize" && d != "maximize")
+        throw ConfigError(where(node["direction"], source) + ": direction '" + d + "' must be minimize or maximize");
+      c.directions.push_back(d);
+    }
+    if (c.directions.size() != c.objectives.size())
+      throw ConfigError(where(node["direction"], source) + ": give one direction per objective (" +
+                        std::to_string(c.objectives.size()) + ")");
+  } else {
+    for (const auto& o : c.objectives) c.directions.push_back(default_direction(o));
+  }
+  if (!is_metric_objective(c.objectives[0]))
+    throw ConfigError(where(node["objective"], source) +
+                      ": the first objective must be a metric (samples_to_target, seconds_to_target, "
+                      "final_mlm_accuracy); config keys may follow it for a multi-objective study");
+
+  if (node["sampler"])
+    c.sampler = one_of(node["sampler"], "sampler", source, {"tpe", "cmaes", "random", "grid", "qmc"});
+  c.pruner = c.multi_objective() ? "none" : "median";
+  if (node["pruner"])
+    c.pruner = one_of(node["pruner"], "pruner", source, {"median", "successive_halving", "hyperband", "none"});
+  if (c.multi_objective() && c.pruner != "none")
+    throw ConfigError(where(node["pruner"], source) +
+                      ": Optuna cannot prune multi-objective studies; set pruner: none");
+  if (c.multi_objective() && c.sampler == "cmaes")
+    throw ConfigError(where(node["sampler"], source) +
+                      ": the cmaes sampler is single-objective; use tpe, random, grid or qmc");
+  if (node["n_trials"]) c.n_trials = static_cast<int>(integer(node["n_trials"], "n_trials", source, 1));
+  if (node["parallel"]) c.parallel = static_cast<int>(integer(node["parallel"], "parallel", source, 1));
+  if (node["seed"]) c.seed = integer(node["seed"], "seed", source, 0);
+  if (node["retry_failed"])
+    c.retry_failed = static_cast<int>(integer(node["retry_failed"], "retry_failed", source, 0));
+  if (node["trial_timeout"]) {
+    ParamValue v = parse_scalar(scalar(node["trial_timeout"], "trial_timeout", source));
+    double t = std::holds_alternative<int64_t>(v) ? double(std::get<int64_t>(v))
+               : std::holds_alternative<double>(v) ? std::get<double>(v) : -1;
+    if (t < 0)
+      throw ConfigError(where(node["trial_timeout"], source) + ": 'trial_timeout' must be seconds >= 0 (0: none)");
+    c.trial_timeout = t;
+  }
+
+  // The base training config: inline (may `extends:` files relative to the study file) or base_config: path.
+  if (node["base"] && node["base_config"])
+    throw ConfigError(where(node["base_config"], source) + ": give either base or base_config, not both");
+  YAML::Node base(YAML::NodeType::Map);
+  std::string base_source = source + " (base)";
+  if (node["base_config"]) {
+    fs::path p = dir / scalar(node["base_config"], "base_config", source);
+    base = TrainConfig::load(p.string()).to_yaml();
+    base_source = p.string();
+  } else if (node["base"]) {
+    YAML::Node inline_base = YAML::Clone(node["base"]);
+    if (!inline_base.IsMap())
+      throw ConfigError(where(node["base"], source) + ": 'base' must be a training config mapping");
+    if (YAML::Node ext = inline_base["extends"]) {
+      for (const auto& e : string_or_list(ext, "base.extends", source))
+        base = merge(base, TrainConfig::load((dir / e).string()).to_yaml());
+      inline_base.remove("extends");
+    }
+    base = merge(base, inline_base);
+  }
+  c.base_yaml = TrainConfig::from_yaml(base, base_source, base_sets).to_yaml_string();
+
+  c.space = SearchSpace::from_yaml(node["space"], node["derived"], source);
+  if (node["space"]) c.space_yaml_ = YAML::Dump(node["space"]);
+  if (node["derived"]) c.derived_yaml_ = YAML::Dump(node["derived"]);
+  if (c.sampler == "grid") {
+    if (c.space.empty()) throw ConfigError(source + ": the grid sampler needs a non-empty space");
+    for (const auto& p : c.space.params()) p.grid_values();  // throws for continuous parameters
+  }
+  for (const auto& p : c.space.params())
+    if (p.key == "target.max_samples" && c.objectives[0] != "final_mlm_accuracy")
+      throw ConfigError(p.where + ": target.max_samples cannot be searched with objective " + c.objectives[0] +
+                        " (the penalty for not reaching the target is 2 * max_samples, which must be the same "
+                        "for every trial)");
+
+  if (YAML::Node l = node["launcher"]) {
+    if (!l.IsMap()) throw ConfigError(where(l, source) + ": 'launcher' must be a mapping {kind, ranks, hostfile}");
+    for (const auto& kv : l) {
+      const std::string k = kv.first.Scalar();
+      if (k == "kind") c.launcher.kind = one_of(kv.second, "launcher.kind", source, {"local", "mpirun", "srun"});
+      else if (k == "ranks") c.launcher.ranks = static_cast<int>(integer(kv.second, "launcher.ranks", source, 1));
+      else if (k == "hostfile") {
+        fs::path h = scalar(kv.second, "launcher.hostfile", source);
+        c.launcher.hostfile = h.is_absolute() ? h.string() : fs::absolute(dir / h).string();
+      } else if (k == "extra_args") c.launcher.extra_args = string_or_list(kv.second, "launcher.extra_args", source);
+      else
+        throw ConfigError(where(kv.first, source) + ": unknown key 'launcher." + k +
+                          "' (known: kind, ranks, hostfile, extra_args)");
+    }
+  }
+  return c;
+}
+
+YAML::Node StudyConfig::base() const { return YAML::Load(base_yaml); }
+
+namespace {
+void emit_list(YAML::Emitter& out, const std::vector<std::string>& v) {
+  if (v.size() == 1) {
+    out << v[0];
+    return;
+  }
+  out << YAML::Flow << YAML::BeginSeq;
+  for (const auto& x : v) out << x;
+  out << YAML::EndSeq;
+}
+}  // namespace
+
+std::string StudyConfig::identity() const {
+  YAML::Emitter out;
+  out << YAML::BeginMap;
+  out << YAML::Key << "objective" << YAML::Value;
+  emit_list(out, objectives);
+  out << YAML::Key << "direction" << YAML::Value;
+  emit_list(out, directions);
+  out << YAML::Key << "sampler" << YAML::Value << sampler;
+  out << YAML::Key << "pruner" << YAML::Value << pruner;
+  out << YAML::Key << "seed" << YAML::Value << seed;
+  out << YAML::Key << "base" << YAML::Value << YAML::Load(base_yaml);
+  if (!space_yaml_.empty()) out << YAML::Key << "space" << YAML::Value << YAML::Load(space_yaml_);
+  if (!derived_yaml_.empty()) out << YAML::Key << "derived" << YAML::Value << YAML::Load(derived_yaml_);
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+std::string StudyConfig::to_yaml_string() const {
+  YAML::Emitter out;
+  out.SetDoublePrecision(17);
+  out << YAML::BeginMap;
+  out << YAML::Key << "name" << YAML::Value << name;
+  out << YAML::Key << "objective" << YAML::Value;
+  emit_list(out, objectives);
+  out << YAML::Key << "direction" << YAML::Value;
+  emit_list(out, directions);
+  out << YAML::Key << "sampler" << YAML::Value << sampler;
+  out << YAML::Key << "pruner" << YAML::Value << pruner;
+  out << YAML::Key << "n_trials" << YAML::Value << n_trials;
+  out << YAML::Key << "parallel" << YAML::Value << parallel;
+  out << YAML::Key << "seed" << YAML::Value << seed;
+  out << YAML::Key << "retry_failed" << YAML::Value << retry_failed;
+  out << YAML::Key << "trial_timeout" << YAML::Value << trial_timeout;
+  out << YAML::Key << "base" << YAML::Value << YAML::Load(base_yaml);
+  if (!space_yaml_.empty()) out << YAML::Key << "space" << YAML::Value << YAML::Load(space_yaml_);
+  if (!derived_yaml_.empty()) out << YAML::Key << "derived" << YAML::Value << YAML::Load(derived_yaml_);
+  out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
+  out << YAML::Key << "kind" << YAML::Value << launcher.kind;
+  out << YAML::Key << "ranks" << YAML::Value << launcher.ranks;
+  if (!launcher.hostfile.empty()) out << YAML::Key << "hostfile" << YAML::Value << launcher.hostfile;
+  if (!launcher.extra_args.empty()) {
+    out << YAML::Key << "extra_args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+    for (const auto& a : launcher.extra_args) out << a;
+    out << YAML::EndSeq;
+  }
+  out << YAML::EndMap;
+  out << YAML::EndMap;
+  return std::string(out.c_str()) + "\n";
+}
+
+}  // namespace bs::search

@@ -1,0 +1,63 @@
+// A study config (configs/studies/*.yaml, DESIGN.md "Configs"): what to search, how, and how to launch trials.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "search/SearchSpace.h"
+
+namespace YAML { class Node; }
+
+namespace bs::search {
+
+struct LauncherConfig {
+  std::string kind = "local";  // local | mpirun | srun
+  int ranks = 1;               // mpirun -np / srun --ntasks
+  std::string hostfile;        // mpirun --hostfile (relative to the study config)
+  std::vector<std::string> extra_args;  // appended to the mpirun/srun arguments, one argument each
+};
+
+struct StudyConfig {
+  std::string name;
+  // Metrics (samples_to_target, seconds_to_target, final_mlm_accuracy) or training key paths
+  // (e.g. batch.global) for a multi-objective study; one direction per objective.
+  std::vector<std::string> objectives = {"samples_to_target"};
+  std::vector<std::string> directions = {"minimize"};
+  std::string sampler = "tpe";     // tpe | cmaes | random | grid | qmc
+  std::string pruner = "median";   // median | successive_halving | hyperband | none
+  int n_trials = 10;
+  int parallel = 1;
+  int64_t seed = 0;
+  int retry_failed = 0;            // re-queue a failed trial's params up to this many times
+  double trial_timeout = 0;        // seconds without an event before a trial is killed; 0: none
+  std::string base_yaml;           // the base training config, every key explicit (canonical)
+  SearchSpace space;
+  LauncherConfig launcher;
+  std::string source;              // the file it was read from
+
+  // Reads a study file. `sets`: `key=value` overrides of the study config; `base.a.b=v` sets a key of the
+  // base training config (after `base_config:`/`extends:` are followed). Errors name the key and file:line.
+  static StudyConfig load(const std::string& path, const std::vector<std::string>& sets = {});
+  static StudyConfig from_yaml(const YAML::Node& node, const std::string& source,
+                               const std::vector<std::string>& sets = {});
+
+  bool multi_objective() const { return objectives.size() > 1; }
+  // The whole config as self-contained YAML (the base inline, nothing to follow); from_yaml reads it back.
+  std::string to_yaml_string() const;
+  // The part that defines the search (objective, sampler, pruner, seed, base, space): a study can be
+  // continued with a different n_trials, parallel, timeout or launcher, but not a different search.
+  std::string identity() const;
+  // The base training config as a YAML node (fresh each call).
+  YAML::Node base() const;
+
+ private:
+  std::string space_yaml_, derived_yaml_;  // as written, for to_yaml_string()
+};
+
+// Study names become folder names: [A-Za-z0-9_.-]+, not "." or "..".
+bool is_valid_study_name(const std::string& name);
+// The metric names that are not training keys.
+bool is_metric_objective(const std::string& name);
+
+}  // namespace bs::search

@@ -1,0 +1,201 @@
+#include "search/TrialLauncher.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <stdexcept>
+
+#include "common/ExitCodes.h"
+
+extern char** environ;
+
+namespace bs::search {
+
+LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe, const std::string& config_path,
+                          int threads, const std::string& trial_dir) {
+  LaunchSpec s;
+  s.stdout_path = trial_dir + "/stdout.log";
+  s.stderr_path = trial_dir + "/stderr.log";
+  s.events_on_stdout = launcher.kind != "local";
+  std::string t = std::to_string(threads);
+  s.env = {{"OMP_NUM_THREADS", t}, {"OPENBLAS_NUM_THREADS", t}, {"MKL_NUM_THREADS", t}};
+  std::vector<std::string> train = {exe,     "train",   "--config",
+                                    config_path, "--events", s.events_on_stdout ? "stdout" : "fd:3",
+                                    "--quiet", "--set",   "threads=" + t};
+  if (launcher.kind == "mpirun") {
+    s.argv = {"mpirun", "-np", std::to_string(launcher.ranks)};
+    if (!launcher.hostfile.empty()) s.argv.insert(s.argv.end(), {"--hostfile", launcher.hostfile});
+    if (geteuid() == 0) s.argv.push_back("--allow-run-as-root");
+    for (const auto& kv : s.env) s.argv.insert(s.argv.end(), {"-x", kv.first});  // export to every rank
+  } else if (launcher.kind == "srun") {
+    s.argv = {"srun", "--ntasks=" + std::to_string(launcher.ranks), "--cpus-per-task=" + t, "--kill-on-bad-exit=1"};
+  }
+  if (launcher.kind != "local") s.argv.insert(s.argv.end(), launcher.extra_args.begin(), launcher.extra_args.end());
+  s.argv.insert(s.argv.end(), train.begin(), train.end());
+  return s;
+}
+
+std::string describe_exit(int code) {
+  if (code > 128 && code < 128 + 65) {
+    int sig = code - 128;
+    const char* name = sigabbrev_np(sig);
+    return "killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  switch (code) {
+    case exit_code::kOk: return "exit 0 (finished)";
+    case exit_code::kInternal: return "exit 1 (internal error)";
+    case exit_code::kUsage: return "exit 2 (config error)";
+    case exit_code::kData: return "exit 3 (data error)";
+    case exit_code::kNonFinite: return "exit 4 (NaN/inf loss)";
+    case exit_code::kDistributed: return "exit 5 (distributed error)";
+    case exit_code::kTerminated: return "exit 6 (terminated by signal)";
+    case 127: return "exit 127 (command not found)";
+    default: return "exit " + std::to_string(code);
+  }
+}
+
+namespace {
+std::vector<char*> c_strings(std::vector<std::string>& v) {
+  std::vector<char*> out;
+  for (auto& s : v) out.push_back(s.data());
+  out.push_back(nullptr);
+  return out;
+}
+}  // namespace
+
+TrialProcess::TrialProcess(const LaunchSpec& spec) {
+  if (spec.argv.empty()) throw std::invalid_argument("TrialProcess: empty argument vector");
+  // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
+  std::vector<std::string> args = spec.argv;
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (!spec.env.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+  }
+  for (const auto& kv : spec.env) env.push_back(kv.first + "=" + kv.second);
+  std::vector<char*> argv = c_strings(args), envp = c_strings(env);
+
+  int out_fd = open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  int err_fd = open(spec.stderr_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (out_fd < 0 || err_fd < 0) {
+    if (out_fd >= 0) close(out_fd);
+    if (err_fd >= 0) close(err_fd);
+    throw std::runtime_error("cannot open trial logs " + spec.stdout_path + ": " + std::strerror(errno));
+  }
+  int events[2], exec_err[2];
+  if (pipe2(events, O_CLOEXEC) != 0 || pipe2(exec_err, O_CLOEXEC) != 0)
+    throw std::runtime_error(std::string("pipe: ") + std::strerror(errno));
+  pid_t parent = getpid();
+  pid_ = fork();
+  if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
+  if (pid_ == 0) {
+    setpgid(0, 0);                          // its own group: SIGTERM reaches mpirun and its ranks
+    prctl(PR_SET_PDEATHSIG, SIGTERM);       // the controller died: stop rather than run orphaned
+    if (getppid() != parent) _exit(126);
+    // Move the fds we keep above 9 first so the dup2s below cannot clobber one another.
+    int ev = fcntl(events[1], F_DUPFD_CLOEXEC, 10);
+    int o = fcntl(out_fd, F_DUPFD_CLOEXEC, 10);
+    int er = fcntl(err_fd, F_DUPFD_CLOEXEC, 10);
+    int null_in = open("/dev/null", O_RDONLY);
+    dup2(null_in, 0);
+    dup2(spec.events_on_stdout ? ev : o, 1);
+    dup2(er, 2);
+    if (!spec.events_on_stdout) dup2(ev, 3);
+    for (int fd = spec.events_on_stdout ? 3 : 4; fd < 1024; ++fd)
+      if (fd != exec_err[1]) close(fd);
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    signal(SIGPIPE, SIG_DFL);
+    signal(SIGTERM, SIG_DFL);
+    signal(SIGINT, SIG_DFL);
+    if (args[0].find('/') != std::string::npos) execve(argv[0], argv.data(), envp.data());
+    else execvpe(argv[0], argv.data(), envp.data());
+    int err = errno;
+    ssize_t ignored = write(exec_err[1], &err, sizeof err);
+    (void)ignored;
+    _exit(127);
+  }
+  setpgid(pid_, pid_);  // also from the parent: no race with an early signal_group()
+  close(events[1]);
+  close(exec_err[1]);
+  close(err_fd);
+  int err = 0;
+  ssize_t n;
+  do n = read(exec_err[0], &err, sizeof err);
+  while (n < 0 && errno == EINTR);
+  close(exec_err[0]);
+  if (n == sizeof err) {
+    close(events[0]);
+    close(out_fd);
+    waitpid(pid_, nullptr, 0);
+    pid_ = -1;
+    throw std::runtime_error("cannot start " + spec.argv[0] + ": " + std::strerror(err));
+  }
+  event_fd_ = events[0];
+  fcntl(event_fd_, F_SETFL, fcntl(event_fd_, F_GETFL) | O_NONBLOCK);
+  copy_stdout_ = spec.events_on_stdout;
+  if (copy_stdout_) stdout_copy_fd_ = out_fd;
+  else close(out_fd);
+}
+
+TrialProcess::~TrialProcess() {
+  if (pid_ > 0 && !exit_code_) {
+    kill(-pid_, SIGKILL);
+    waitpid(pid_, nullptr, 0);
+  }
+  if (event_fd_ >= 0) close(event_fd_);
+  if (stdout_copy_fd_ >= 0) close(stdout_copy_fd_);
+}
+
+std::vector<std::string> TrialProcess::read_lines() {
+  std::vector<std::string> lines;
+  if (event_fd_ < 0) return lines;
+  char buf[16384];
+  for (;;) {
+    ssize_t n = read(event_fd_, buf, sizeof buf);
+    if (n > 0) {
+      partial_.append(buf, n);
+      continue;
+    }
+    if (n < 0 && errno == EINTR) continue;
+    if (n == 0) {  // every writer closed its end
+      if (!partial_.empty() && partial_.back() != '\n') partial_ += '\n';
+      close(event_fd_);
+      event_fd_ = -1;
+    }
+    break;  // EAGAIN: nothing more now
+  }
+  std::size_t start = 0;
+  for (std::size_t nl; (nl = partial_.find('\n', start)) != std::string::npos; start = nl + 1) {
+    std::string line = partial_.substr(start, nl - start);
+    if (copy_stdout_) {
+      std::string copy = line + "\n";
+      ssize_t ignored = write(stdout_copy_fd_, copy.data(), copy.size());
+      (void)ignored;
+      if (line.empty() || line[0] != '{') continue;  // ordinary output, not an event
+    }
+    lines.push_back(line);
+  }
+  partial_.erase(0, start);
+  return lines;
+}
+
+std::optional<int> TrialProcess::poll_exit() {
+  if (exit_code_ || pid_ <= 0) return exit_code_;
+  int status = 0;
+  pid_t r = waitpid(pid_, &status, WNOHANG);
+  if (r == pid_) exit_code_ = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return exit_code_;
+}
+
+void TrialProcess::signal_group(int sig) {
+  if (pid_ > 0 && !exit_code_) kill(-pid_, sig);
+}
+
+}  // namespace bs::search

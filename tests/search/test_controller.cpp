@@ -1,0 +1,219 @@
+// The controller loop with real processes, real Optuna and a real study file. The trial command is a
+// small shell script that speaks the trial protocol (events on fd 3, the trainer's exit codes), chosen
+// by model.layers, so every way a trial can end is exercised in seconds; test_study_e2e.cpp runs the
+// real `bertsweep train`.
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <yaml-cpp/yaml.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+#include <thread>
+
+#include "TestUtil.h"
+#include "search/Controller.h"
+#include "search/OptunaBridge.h"
+#include "studies/StudyStore.h"
+
+using namespace bs;
+using namespace bs::search;
+namespace fs = std::filesystem;
+
+namespace {
+
+// layers: 1 reaches the target at 1000 samples, 2 never reaches it, 3 NaN loss (exit 4),
+// 4 segfaults, 5 goes silent (timeout), 6 reaches it at 500. SLOW=1 makes every eval take 0.4 s.
+const char* kScript = R"(#!/bin/sh
+cfg=$3
+layers=$(sed -n 's/^  layers: //p' "$cfg")
+ev() { echo "$1" >&3; }
+pause() { [ -n "$SLOW" ] && sleep 0.4; }
+case $layers in
+  3) ev '{"event":"eval","step":1,"samples":250,"mlm_accuracy":0.01,"loss":9,"seconds":0.1}'; echo "loss is nan" >&2; exit 4;;
+  4) kill -SEGV $$;;
+  5) sleep 30; exit 0;;
+esac
+for s in 250 500 750 1000; do
+  pause
+  acc=$(echo "$s $layers" | awk '{ if ($2 == 2) print 0.01; else print $1 / 10000 * (7 - $2) }')
+  ev "{\"event\":\"eval\",\"step\":$s,\"samples\":$s,\"mlm_accuracy\":$acc,\"loss\":3,\"seconds\":0.2}"
+  ev "{\"event\":\"throughput\",\"step\":$s,\"samples\":$s,\"samples_per_s\":100,\"tokens_per_s\":9000,\"padding_waste\":0.2,\"imbalance\":1.0,\"overlap\":0.5,\"step_seconds\":0.1}"
+  if [ $layers = 6 ] && [ $s = 500 ]; then
+    ev '{"event":"done","reached":true,"samples_to_target":500,"seconds_to_target":1.5,"steps":2,"final_mlm_accuracy":0.05}'; exit 0
+  fi
+done
+if [ $layers = 2 ]; then
+  ev '{"event":"done","reached":false,"samples_to_target":null,"seconds_to_target":null,"steps":4,"final_mlm_accuracy":0.01}'
+else
+  ev '{"event":"done","reached":true,"samples_to_target":1000,"seconds_to_target":3.0,"steps":4,"final_mlm_accuracy":0.06}'
+fi
+exit 0
+)";
+
+std::string make_script(const std::string& dir) {
+  std::string path = dir + "/trial.sh";
+  std::ofstream(path) << kScript;
+  fs::permissions(path, fs::perms::owner_all);
+  return path;
+}
+
+StudyConfig study(const std::string& layers, const std::string& extra) {
+  return StudyConfig::from_yaml(
+      YAML::Load("name: ctl\nseed: 1\n" + std::string(extra.find("sampler") == std::string::npos ? "sampler: grid\n" : "") +
+                 (extra.find("pruner") == std::string::npos ? "pruner: none\n" : "") +
+                 "base: {target: {max_samples: 4000, eval_every_samples: 250}}\n"
+                 "space:\n  model.layers: {choice: " + layers + "}\n" + extra),
+      "test");
+}
+
+std::map<int64_t, TrialRecord> by_layers(const std::string& db) {
+  std::map<int64_t, TrialRecord> out;
+  for (auto& t : StudyStore(db).trials())
+    out[YAML::Load(t.config_yaml)["model"]["layers"].as<int64_t>()] = t;
+  return out;
+}
+
+}  // namespace
+
+TEST(Controller, EveryWayATrialEndsIsRecordedAndTheStudyGoesOn) {
+  std::string dir = test::make_temp_dir("ctl");
+  ControllerOptions o;
+  o.dir = dir;
+  o.trainer_exe = make_script(dir);
+  o.quiet = true;
+  o.kill_grace_s = 1;
+  Controller c(study("[1, 2, 3, 4, 5, 6]", "n_trials: 6\nparallel: 2\ntrial_timeout: 2\n"), o);
+  ASSERT_EQ(c.run(), 0);
+  auto t = by_layers(c.db_path());
+  ASSERT_EQ(t.size(), 6u);
+  EXPECT_EQ(t[1].state, "COMPLETE");
+  EXPECT_TRUE(t[1].reached);
+  EXPECT_EQ(t[1].values.at(0), 1000);
+  EXPECT_EQ(t[2].state, "COMPLETE");
+  EXPECT_FALSE(t[2].reached);
+  EXPECT_EQ(t[2].values.at(0), 8000);  // 2 * max_samples: ranks below every reached trial
+  EXPECT_EQ(t[3].state, "FAIL");
+  EXPECT_NE(t[3].reason.find("NaN"), std::string::npos) << t[3].reason;
+  EXPECT_NE(t[3].reason.find("loss is nan"), std::string::npos) << t[3].reason;
+  EXPECT_EQ(t[3].exit_code, 4);
+  EXPECT_EQ(t[4].state, "FAIL");
+  EXPECT_NE(t[4].reason.find("SIGSEGV"), std::string::npos) << t[4].reason;
+  EXPECT_EQ(t[5].state, "FAIL");
+  EXPECT_NE(t[5].reason.find("timeout"), std::string::npos) << t[5].reason;
+  EXPECT_EQ(t[6].state, "COMPLETE");
+  EXPECT_EQ(t[6].values.at(0), 500);
+  StudyStore store(c.db_path());
+  EXPECT_EQ(store.evals(t[1].number).size(), 4u);
+  EXPECT_EQ(store.evals(t[6].number).size(), 2u);
+  EXPECT_EQ(store.throughput(t[1].number).size(), 4u);
+  EXPECT_EQ(store.environment().count("optuna_version"), 1u);
+  EXPECT_TRUE(fs::exists(t[3].trial_dir + "/stderr.log"));
+  EXPECT_TRUE(fs::exists(t[3].trial_dir + "/config.yaml"));
+  // Optuna holds the same outcome.
+  OptunaBridge b(c.db_path(), study("[1, 2, 3, 4, 5, 6]", "n_trials: 6\nparallel: 2\ntrial_timeout: 2\n"));
+  EXPECT_EQ(b.best_trial_number().value(), t[6].number);
+  for (const auto& info : b.trials()) {
+    EXPECT_EQ(info.state, StudyStore(c.db_path()).trial(info.number)->state);
+  }
+  std::string status = study_status_text(dir, "ctl");
+  EXPECT_NE(status.find("FAIL 3"), std::string::npos) << status;
+  // Best first: the row after the header is the trial that reached the target soonest.
+  std::stringstream lines(status);
+  std::string line;
+  for (int i = 0; i < 3; ++i) std::getline(lines, line);
+  EXPECT_EQ(line.rfind(std::to_string(t[6].number) + " ", 0), 0u) << status;
+}
+
+TEST(Controller, PrunesTrialsBehindTheMedian) {
+  std::string dir = test::make_temp_dir("ctl");
+  ControllerOptions o;
+  o.dir = dir;
+  o.trainer_exe = make_script(dir);
+  o.quiet = true;
+  // layers 1 first (good curves), then 2, whose accuracy stays at 0.01: pruned at its first report.
+  Controller c(study("[1, 6, 2]", "sampler: random\npruner: median\nn_trials: 8\nparallel: 1\n"), o);
+  // MedianPruner needs 2 finished trials: run the good ones by enqueuing through a first pass.
+  ASSERT_EQ(c.run(), 0);
+  int pruned = 0, complete_bad = 0;
+  for (auto& t : StudyStore(c.db_path()).trials()) {
+    int layers = YAML::Load(t.config_yaml)["model"]["layers"].as<int>();
+    if (t.state == "PRUNED") {
+      ++pruned;
+      EXPECT_NE(layers, 1);  // the best curve is never behind the median
+      EXPECT_NE(t.reason.find("pruned at"), std::string::npos);
+      EXPECT_GE(StudyStore(c.db_path()).evals(t.number).size(), 1u);  // the curve is kept
+    }
+    if (t.state == "COMPLETE" && layers == 2) ++complete_bad;
+  }
+  // Whenever a lagging trial came after two finished ones it was pruned.
+  EXPECT_GE(pruned, 1);  // seed 1: a layers-2 trial comes after two good ones
+  (void)complete_bad;
+}
+
+TEST(Controller, ResumesAfterTheControllerIsKilled) {
+  std::string dir = test::make_temp_dir("ctl");
+  std::string script = make_script(dir);
+  const std::string extra = "n_trials: 6\nparallel: 2\nretry_failed: 1\n";
+  const std::string layers = "[1, 2, 6]";
+  std::string db = dir + "/ctl/study.db";
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the controller to be killed: Python starts in this process only
+    setenv("SLOW", "1", 1);
+    ControllerOptions o;
+    o.dir = dir;
+    o.trainer_exe = script;
+    o.quiet = true;
+    Controller c(study(layers, extra + "sampler: random\n"), o);
+    _exit(c.run());
+  }
+  // Wait for at least two finished trials, then SIGKILL it mid-study.
+  std::map<int64_t, TrialRecord> before;
+  for (int i = 0; i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    if (!fs::exists(db)) continue;
+    before.clear();
+    try {
+      for (auto& t : StudyStore(db).trials())
+        if (t.state == "COMPLETE") before[t.number] = t;
+    } catch (...) {
+    }
+    if (before.size() >= 2) break;
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  ASSERT_GE(before.size(), 2u);
+  bool was_running = !StudyStore(db).trials_in_state("RUNNING").empty();
+
+  ControllerOptions o;
+  o.dir = dir;
+  o.trainer_exe = script;
+  o.quiet = true;
+  StudyConfig cfg = load_stored_study(dir, "ctl");
+  ASSERT_EQ(Controller(cfg, o).run(), 0);
+  StudyStore store(db);
+  EXPECT_TRUE(store.trials_in_state("RUNNING").empty());
+  for (const auto& kv : before) {  // nothing finished was lost
+    auto t = store.trial(kv.first);
+    ASSERT_TRUE(t);
+    EXPECT_EQ(t->state, "COMPLETE");
+    EXPECT_EQ(t->values, kv.second.values);
+    EXPECT_EQ(store.evals(kv.first).size(), store.evals(kv.first).size());
+  }
+  int died = 0, complete = 0;
+  for (const auto& t : store.trials()) {
+    if (t.reason == "controller died") {
+      ++died;
+      EXPECT_TRUE(t.retried);
+    }
+    complete += t.state == "COMPLETE";
+  }
+  if (was_running) EXPECT_GE(died, 1);
+  EXPECT_EQ(complete, 6);  // re-queued trials ran again: 6 trials' worth of results
+  OptunaBridge b(db, cfg);
+  for (const auto& info : b.trials()) EXPECT_NE(info.state, "RUNNING");
+}

@@ -1,0 +1,218 @@
+// MLPerf-layout HDF5 shards: round trips, other integer dtypes, and clear errors for bad files.
+#include <gtest/gtest.h>
+
+#include <H5Cpp.h>
+
+#include <filesystem>
+#include <fstream>
+#include <map>
+
+#include "TestUtil.h"
+#include "trainer/ShardIO.h"
+
+namespace {
+namespace fs = std::filesystem;
+
+// A shard with `n` samples of random lengths, ids below `vocab`.
+bs::ShardData random_shard(int64_t n, int64_t s, int64_t p, int64_t vocab, uint64_t seed) {
+  torch::manual_seed(seed);
+  bs::ShardData d;
+  d.lengths = torch::randint(5, s + 1, {n}, torch::kInt32);
+  auto cols = torch::arange(s, torch::kInt32).unsqueeze(0);
+  d.input_mask = cols.lt(d.lengths.unsqueeze(1)).to(torch::kInt32);
+  d.input_ids = torch::randint(5, vocab, {n, s}, torch::kInt32) * d.input_mask;
+  d.segment_ids = cols.ge(d.lengths.unsqueeze(1) / 2).to(torch::kInt32) * d.input_mask;
+  d.masked_lm_positions = torch::randint(1, 4, {n, p}, torch::kInt32);
+  d.masked_lm_ids = torch::randint(5, vocab, {n, p}, torch::kInt32);
+  d.next_sentence_labels = torch::randint(0, 2, {n}, torch::kInt32);
+  return d;
+}
+
+void expect_equal(const bs::ShardData& a, const bs::ShardData& b) {
+  EXPECT_TRUE(torch::equal(a.input_ids, b.input_ids));
+  EXPECT_TRUE(torch::equal(a.input_mask, b.input_mask));
+  EXPECT_TRUE(torch::equal(a.segment_ids, b.segment_ids));
+  EXPECT_TRUE(torch::equal(a.masked_lm_positions, b.masked_lm_positions));
+  EXPECT_TRUE(torch::equal(a.masked_lm_ids, b.masked_lm_ids));
+  EXPECT_TRUE(torch::equal(a.next_sentence_labels, b.next_sentence_labels));
+  EXPECT_TRUE(torch::equal(a.lengths, b.lengths));
+}
+
+// Writes datasets with the HDF5 C++ API directly: other dtypes, missing datasets, wrong ranks.
+void write_raw(const std::string& path, const std::map<std::string, torch::Tensor>& sets, const H5::PredType& type) {
+  H5::H5File f(path, H5F_ACC_TRUNC);
+  for (const auto& [name, t] : sets) {
+    auto c = t.to(torch::kInt64).contiguous();
+    std::vector<hsize_t> dims(c.sizes().begin(), c.sizes().end());
+    H5::DataSpace space(static_cast<int>(dims.size()), dims.data());
+    f.createDataSet(name, type, space).write(c.data_ptr<int64_t>(), H5::PredType::NATIVE_INT64);
+  }
+}
+
+std::map<std::string, torch::Tensor> as_map(const bs::ShardData& d) {
+  return {{"input_ids", d.input_ids},
+          {"input_mask", d.input_mask},
+          {"segment_ids", d.segment_ids},
+          {"masked_lm_positions", d.masked_lm_positions},
+          {"masked_lm_ids", d.masked_lm_ids},
+          {"next_sentence_labels", d.next_sentence_labels}};
+}
+
+template <class F>
+std::string data_error(F&& f) {
+  try {
+    f();
+  } catch (const bs::DataError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no DataError";
+  return "";
+}
+
+class ShardIO : public ::testing::Test {
+ protected:
+  void SetUp() override { dir = bs::test::make_temp_dir("shardio"); }
+  void TearDown() override { fs::remove_all(dir); }
+  std::string dir;
+};
+
+TEST_F(ShardIO, WriteThenReadGivesTheSameData) {
+  const auto d = random_shard(300, 64, 10, 1000, 1);
+  write_shard(dir + "/a.hdf5", d);
+  EXPECT_FALSE(fs::exists(dir + "/a.hdf5.tmp"));
+  const auto r = bs::read_shard(dir + "/a.hdf5");
+  EXPECT_EQ(r.size(), 300);
+  EXPECT_EQ(r.seq_len(), 64);
+  EXPECT_EQ(r.max_predictions(), 10);
+  EXPECT_EQ(r.input_ids.scalar_type(), torch::kInt32);
+  expect_equal(d, r);
+}
+
+TEST_F(ShardIO, ReadsOtherIntegerTypesAndColumnLabels) {
+  // Real MLPerf shards store int64 (and some tools write next_sentence_labels as [N,1]).
+  const auto d = random_shard(20, 32, 5, 30000, 2);
+  auto sets = as_map(d);
+  sets["next_sentence_labels"] = d.next_sentence_labels.unsqueeze(1);
+  write_raw(dir + "/i64.hdf5", sets, H5::PredType::STD_I64LE);
+  expect_equal(d, bs::read_shard(dir + "/i64.hdf5"));
+  write_raw(dir + "/u16.hdf5", as_map(d), H5::PredType::STD_U16LE);
+  expect_equal(d, bs::read_shard(dir + "/u16.hdf5"));
+}
+
+TEST_F(ShardIO, MissingDatasetNamesFileAndLayout) {
+  auto sets = as_map(random_shard(4, 16, 3, 100, 3));
+  sets.erase("masked_lm_ids");
+  write_raw(dir + "/X.hdf5", sets, H5::PredType::STD_I32LE);
+  const auto msg = data_error([&] { bs::read_shard(dir + "/X.hdf5"); });
+  EXPECT_NE(msg.find(dir + "/X.hdf5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("masked_lm_ids"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not an MLPerf BERT shard"), std::string::npos) << msg;
+}
+
+TEST_F(ShardIO, WrongRankOrRowCountIsRejected) {
+  const auto d = random_shard(4, 16, 3, 100, 4);
+  auto sets = as_map(d);
+  sets["input_ids"] = d.input_ids.flatten();
+  write_raw(dir + "/rank.hdf5", sets, H5::PredType::STD_I32LE);
+  auto msg = data_error([&] { bs::read_shard(dir + "/rank.hdf5"); });
+  EXPECT_NE(msg.find("input_ids"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("rank.hdf5"), std::string::npos) << msg;
+  sets = as_map(d);
+  sets["segment_ids"] = d.segment_ids.slice(0, 0, 3);
+  write_raw(dir + "/rows.hdf5", sets, H5::PredType::STD_I32LE);
+  msg = data_error([&] { bs::read_shard(dir + "/rows.hdf5"); });
+  EXPECT_NE(msg.find("segment_ids"), std::string::npos) << msg;
+}
+
+TEST_F(ShardIO, TruncatedOrNonHdf5FilesAreDataErrors) {
+  write_shard(dir + "/full.hdf5", random_shard(500, 128, 20, 5000, 5));
+  fs::copy_file(dir + "/full.hdf5", dir + "/cut.hdf5");
+  fs::resize_file(dir + "/cut.hdf5", fs::file_size(dir + "/full.hdf5") / 2);
+  auto msg = data_error([&] { bs::read_shard(dir + "/cut.hdf5"); });
+  EXPECT_NE(msg.find(dir + "/cut.hdf5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("truncated"), std::string::npos) << msg;
+
+  std::ofstream(dir + "/text.hdf5") << "input_ids,input_mask\n1,2\n";
+  msg = data_error([&] { bs::read_shard(dir + "/text.hdf5"); });
+  EXPECT_NE(msg.find("text.hdf5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("not an HDF5 file"), std::string::npos) << msg;
+
+  msg = data_error([&] { bs::read_shard(dir + "/nothere.hdf5"); });
+  EXPECT_NE(msg.find("nothere.hdf5"), std::string::npos) << msg;
+}
+
+TEST_F(ShardIO, ConcatAddsSamplesAndChecksShapes) {
+  const auto a = random_shard(7, 32, 5, 100, 6), b = random_shard(5, 32, 5, 100, 7);
+  const auto c = bs::concat_shards({a, b});
+  EXPECT_EQ(c.size(), 12);
+  EXPECT_TRUE(torch::equal(c.input_ids.slice(0, 7, 12), b.input_ids));
+  EXPECT_TRUE(torch::equal(c.lengths.slice(0, 0, 7), a.lengths));
+  EXPECT_THROW(bs::concat_shards({a, random_shard(3, 64, 5, 100, 8)}), bs::DataError);
+}
+
+TEST_F(ShardIO, LengthHistogramBinsByUpperBound) {
+  bs::ShardData d = random_shard(6, 128, 2, 100, 9);
+  d.lengths = torch::tensor({1, 32, 33, 64, 128, 100}, torch::kInt32);
+  EXPECT_EQ(bs::length_histogram(d, 32), (std::vector<int64_t>{2, 2, 0, 2}));
+  EXPECT_EQ(bs::length_histogram(d, 128), (std::vector<int64_t>{6}));
+}
+
+class LoadDataset : public ShardIO {
+ protected:
+  void SetUp() override {
+    ShardIO::SetUp();
+    write_shard(dir + "/train_00000.hdf5", random_shard(30, 64, 8, 500, 10));
+    write_shard(dir + "/train_00001.hdf5", random_shard(20, 64, 8, 500, 11));
+    write_shard(dir + "/eval.hdf5", random_shard(10, 64, 8, 500, 12));
+    std::ofstream v(dir + "/vocab.txt");
+    for (int i = 0; i < 500; ++i) v << "t" << i << "\n";
+    cfg.dir = dir;
+    cfg.seq_len = 64;
+  }
+  bs::DataConfig cfg;
+};
+
+TEST_F(LoadDataset, TrainShardsAreEveryHdf5ButTheEvalFile) {
+  const auto ds = bs::load_dataset(cfg);
+  EXPECT_EQ(ds.train_files.size(), 2u);
+  EXPECT_EQ(ds.train.size(), 50);
+  EXPECT_EQ(ds.eval.size(), 10);
+  EXPECT_EQ(ds.vocab_size, 500);
+  // A custom eval file name: eval.hdf5 then counts as training data.
+  fs::rename(dir + "/eval.hdf5", dir + "/heldout.hdf5");
+  write_shard(dir + "/eval.hdf5", random_shard(4, 64, 8, 500, 13));
+  cfg.eval_file = dir + "/heldout.hdf5";
+  const auto ds2 = bs::load_dataset(cfg);
+  EXPECT_EQ(ds2.train.size(), 54);
+  EXPECT_EQ(ds2.eval.size(), 10);
+}
+
+TEST_F(LoadDataset, VocabSizeFallsBackToLargestIdPlusOne) {
+  fs::remove(dir + "/vocab.txt");
+  const auto ds = bs::load_dataset(cfg);
+  const int64_t m = std::max({ds.train.input_ids.max().item<int64_t>(), ds.train.masked_lm_ids.max().item<int64_t>(),
+                              ds.eval.input_ids.max().item<int64_t>(), ds.eval.masked_lm_ids.max().item<int64_t>()});
+  EXPECT_EQ(ds.vocab_size, m + 1);
+}
+
+TEST_F(LoadDataset, MismatchesAreDataErrorsNamingTheProblem) {
+  cfg.seq_len = 128;
+  auto msg = data_error([&] { bs::load_dataset(cfg); });
+  EXPECT_NE(msg.find("train_00000.hdf5"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("128"), std::string::npos) << msg;
+  cfg.seq_len = 64;
+
+  std::ofstream(dir + "/vocab.txt") << "[PAD]\n[UNK]\n";
+  msg = data_error([&] { bs::load_dataset(cfg); });
+  EXPECT_NE(msg.find("vocab does not match the data"), std::string::npos) << msg;
+
+  fs::remove(dir + "/eval.hdf5");
+  msg = data_error([&] { bs::load_dataset(cfg); });
+  EXPECT_NE(msg.find("eval.hdf5"), std::string::npos) << msg;
+
+  cfg.dir = dir + "/nope";
+  msg = data_error([&] { bs::load_dataset(cfg); });
+  EXPECT_NE(msg.find(dir + "/nope"), std::string::npos) << msg;
+}
+
+}  // namespace

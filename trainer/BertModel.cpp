@@ -1,0 +1,257 @@
+#include "trainer/BertModel.h"
+
+#include <torch/version.h>
+
+#include <cmath>
+#include <limits>
+#include <stdexcept>
+#include <string>
+
+namespace bs {
+namespace {
+
+constexpr double kLayerNormEps = 1e-12;
+constexpr double kInitStd = 0.02;  // BERT's initializer_range
+
+// BERT's initialisation: normal(0, 0.02) weights, zero biases.
+torch::nn::Linear make_linear(int64_t in, int64_t out) {
+  torch::nn::Linear l(torch::nn::LinearOptions(in, out).bias(true));
+  torch::NoGradGuard no_grad;
+  l->weight.normal_(0.0, kInitStd);
+  l->bias.zero_();
+  return l;
+}
+
+torch::nn::Embedding make_embedding(int64_t count, int64_t dim) {
+  torch::nn::Embedding e(torch::nn::EmbeddingOptions(count, dim));
+  torch::NoGradGuard no_grad;
+  e->weight.normal_(0.0, kInitStd);
+  return e;
+}
+
+// LibTorch's LayerNorm already starts at weight 1, bias 0.
+torch::nn::LayerNorm make_layer_norm(int64_t dim) {
+  return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps).elementwise_affine(true));
+}
+
+torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool training) {
+  if (!training || p <= 0) return x;
+  return torch::dropout(x, p, /*train=*/true);
+}
+
+void check_config(const ModelConfig& cfg) {
+  auto fail = [](const std::string& key, const std::string& what) {
+    throw std::invalid_argument("BertForPretraining: model." + key + " " + what +
+                                " (fix the `model:` section of the training config)");
+  };
+  if (cfg.vocab_size <= 0) fail("vocab_size", "must be > 0 here; set it from the dataset's vocab.txt first");
+  if (cfg.hidden <= 0) fail("hidden", "must be > 0");
+  if (cfg.layers <= 0) fail("layers", "must be > 0");
+  if (cfg.heads <= 0 || cfg.hidden % cfg.heads != 0) fail("heads", "must be > 0 and divide model.hidden");
+  if (cfg.intermediate <= 0) fail("intermediate", "must be > 0");
+  if (cfg.max_position <= 0) fail("max_position", "must be > 0");
+  if (cfg.type_vocab_size <= 0) fail("type_vocab_size", "must be > 0");
+  if (cfg.dropout < 0 || cfg.dropout >= 1) fail("dropout", "must be in [0, 1)");
+}
+
+void check_inputs(const BertInputs& in) {
+  auto need = [](const torch::Tensor& t, const char* name, int64_t dim) {
+    if (!t.defined() || t.dim() != dim)
+      throw std::invalid_argument(std::string("BertForPretraining: BertInputs.") + name + " must be a " +
+                                  std::to_string(dim) + "-d int64 tensor (see trainer/Batch.h)");
+  };
+  need(in.input_ids, "input_ids", 2);
+  need(in.segment_ids, "segment_ids", 2);
+  need(in.position_ids, "position_ids", 2);
+  need(in.attention_ids, "attention_ids", 2);
+  need(in.mlm_positions, "mlm_positions", 1);
+  need(in.nsp_positions, "nsp_positions", 1);
+  if (in.segment_ids.sizes() != in.input_ids.sizes() || in.position_ids.sizes() != in.input_ids.sizes() ||
+      in.attention_ids.sizes() != in.input_ids.sizes())
+    throw std::invalid_argument(
+        "BertForPretraining: input_ids, segment_ids, position_ids and attention_ids must all be [B, L]");
+}
+
+}  // namespace
+
+torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options) {
+  const auto& ids = in.attention_ids;
+  const int64_t B = ids.size(0), L = ids.size(1);
+  // Large but finite: exp() of it underflows to exactly 0 next to any real score, and adding a score to it
+  // cannot overflow to -inf, so a query with no allowed key gets a uniform row instead of NaN.
+  const double masked = -1e4;
+  auto opts = options.device(ids.device());
+  if (!in.packed) {
+    return (ids == 0).to(opts).mul_(masked).view({B, 1, 1, L});
+  }
+  auto same = ids.unsqueeze(2) == ids.unsqueeze(1);          // [B, L(query), L(key)]
+  auto allowed = same.logical_and_(ids.ne(0).unsqueeze(1));  // the key is a real token
+  return torch::zeros({B, 1, L, L}, opts).masked_fill_(allowed.logical_not().unsqueeze(1), masked);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+  word_embeddings = register_module("word_embeddings", make_embedding(cfg.vocab_size, cfg.hidden));
+  position_embeddings = register_module("position_embeddings", make_embedding(cfg.max_position, cfg.hidden));
+  token_type_embeddings =
+      register_module("token_type_embeddings", make_embedding(cfg.type_vocab_size, cfg.hidden));
+  LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
+}
+
+torch::Tensor BertEmbeddingsImpl::forward(const BertInputs& in) {
+  auto x = word_embeddings->forward(in.input_ids.reshape({-1}));
+  x = x + position_embeddings->forward(in.position_ids.reshape({-1}));
+  x.add_(token_type_embeddings->forward(in.segment_ids.reshape({-1})));
+  return apply_dropout(LayerNorm->forward(x), dropout, is_training());
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg) : heads(cfg.heads), dropout(cfg.dropout) {
+  qkv = register_module("qkv", make_linear(cfg.hidden, 3 * cfg.hidden));
+  output = register_module("output", make_linear(cfg.hidden, cfg.hidden));
+  LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
+}
+
+torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows,
+                                         int64_t row_len) {
+  const int64_t H = x.size(1), d = H / heads;
+  // [B*L, 3H] -> [3, B, heads, L, d]: views only, no per-head loop.
+  auto qkv_all = qkv->forward(x).view({rows, row_len, 3, heads, d}).permute({2, 0, 3, 1, 4});
+  auto q = qkv_all[0], k = qkv_all[1], v = qkv_all[2];
+  const double attn_p = is_training() ? dropout : 0.0;
+  torch::Tensor context;
+#if TORCH_VERSION_MAJOR >= 2
+  // PyTorch 2.x: the fused kernel (flash / memory-efficient on CUDA, math elsewhere); same 1/sqrt(d) scale.
+  context = at::scaled_dot_product_attention(q, k, v, bias, attn_p, /*is_causal=*/false);
+#else
+  // Scale q ([B,h,L,d]) rather than the scores ([B,h,L,L]): fewer elements when L > d.
+  auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
+  scores.add_(bias);  // broadcast [B,1,1,L] or [B,1,L,L]
+  torch::Tensor probs;
+  if (torch::GradMode::is_enabled()) {
+    probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
+  } else {
+    probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
+  }
+  context = torch::matmul(apply_dropout(probs, attn_p, true), v);  // [B,h,L,d]
+#endif
+  auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
+  auto out = apply_dropout(output->forward(merged), dropout, is_training());
+  return LayerNorm->forward(out.add_(x));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertFeedForwardImpl::BertFeedForwardImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+  intermediate = register_module("intermediate", make_linear(cfg.hidden, cfg.intermediate));
+  output = register_module("output", make_linear(cfg.intermediate, cfg.hidden));
+  LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
+}
+
+torch::Tensor BertFeedForwardImpl::forward(const torch::Tensor& x) {
+  auto h = torch::gelu(intermediate->forward(x));  // erf form (the default)
+  auto out = apply_dropout(output->forward(h), dropout, is_training());
+  return LayerNorm->forward(out.add_(x));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertLayerImpl::BertLayerImpl(const ModelConfig& cfg) {
+  attention = register_module("attention", BertAttention(cfg));
+  ffn = register_module("ffn", BertFeedForward(cfg));
+}
+
+torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows,
+                                     int64_t row_len) {
+  return ffn->forward(attention->forward(x, bias, rows, row_len));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertMlmHeadImpl::BertMlmHeadImpl(const ModelConfig& cfg) {
+  transform = register_module("transform", make_linear(cfg.hidden, cfg.hidden));
+  LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
+  decoder_bias = register_parameter("decoder_bias", torch::zeros({cfg.vocab_size}));
+}
+
+torch::Tensor BertMlmHeadImpl::forward(const torch::Tensor& masked_hidden, const torch::Tensor& word_embeddings) {
+  auto h = LayerNorm->forward(torch::gelu(transform->forward(masked_hidden)));
+  return torch::linear(h, word_embeddings, decoder_bias);  // [M, vocab]
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertNspHeadImpl::BertNspHeadImpl(const ModelConfig& cfg) {
+  pooler = register_module("pooler", make_linear(cfg.hidden, cfg.hidden));
+  classifier = register_module("classifier", make_linear(cfg.hidden, 2));
+}
+
+torch::Tensor BertNspHeadImpl::forward(const torch::Tensor& cls_hidden) {
+  return classifier->forward(torch::tanh(pooler->forward(cls_hidden)));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+BertForPretrainingImpl::BertForPretrainingImpl(const ModelConfig& cfg) : cfg_(cfg) {
+  check_config(cfg);
+  embeddings = register_module("embeddings", BertEmbeddings(cfg));
+  encoder = register_module("encoder", torch::nn::ModuleList());
+  for (int64_t i = 0; i < cfg.layers; ++i) encoder->push_back(BertLayer(cfg));
+  mlm = register_module("mlm", BertMlmHead(cfg));
+  nsp = register_module("nsp", BertNspHead(cfg));
+}
+
+BertOutputs BertForPretrainingImpl::forward(const BertInputs& in) {
+  check_inputs(in);
+  const int64_t rows = in.input_ids.size(0), row_len = in.input_ids.size(1);
+  if (row_len > cfg_.max_position)
+    throw std::invalid_argument("BertForPretraining: rows of " + std::to_string(row_len) +
+                                " tokens exceed model.max_position " + std::to_string(cfg_.max_position));
+  auto hidden = embeddings->forward(in);  // [B*L, H]
+  auto bias = attention_bias(in, hidden.options());
+  for (const auto& layer : *encoder) hidden = layer->as<BertLayerImpl>()->forward(hidden, bias, rows, row_len);
+
+  BertOutputs out;
+  // Gather first: the head transform and the vocab projection run on M rows, not B*L.
+  out.mlm_logits = mlm->forward(hidden.index_select(0, in.mlm_positions), embeddings->word_embeddings->weight);
+  out.nsp_logits = nsp->forward(hidden.index_select(0, in.nsp_positions));
+  return out;
+}
+
+int64_t BertForPretrainingImpl::num_parameters() const {
+  int64_t n = 0;
+  for (const auto& p : parameters()) n += p.numel();
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------------------
+PretrainingLoss pretraining_loss(const BertOutputs& out, const torch::Tensor& mlm_labels,
+                                 const torch::Tensor& nsp_labels) {
+  auto upcast = [](const torch::Tensor& t) {
+    auto s = t.scalar_type();
+    return (s == torch::kHalf || s == torch::kBFloat16) ? t.to(torch::kFloat) : t;
+  };
+  auto mean_ce = [&](const torch::Tensor& logits, const torch::Tensor& labels) {
+    auto l = upcast(logits);
+    if (labels.numel() == 0) return l.sum() * 0;  // no targets: a zero that still connects the graph
+    return torch::nll_loss(torch::log_softmax(l, -1), labels.to(l.device()));
+  };
+  PretrainingLoss loss;
+  loss.mlm = mean_ce(out.mlm_logits, mlm_labels);
+  loss.nsp = mean_ce(out.nsp_logits, nsp_labels);
+  loss.total = loss.mlm + loss.nsp;
+  return loss;
+}
+
+// Matmul FLOPs (2 per multiply-add) of one forward pass; training = 3x forward (backward computes the grads
+// of both matmul operands, twice the forward's work). With T = rows*row_len tokens, M masked tokens and
+// N = rows [CLS] tokens (one per row; packed rows have a few more, negligible):
+//   encoder layers: layers * (2*T*(3H*H + H*H + 2*H*I)   QKV, attention output, two FFN matrices
+//                              + 4*rows*row_len^2*H)       Q.K^T and P.V over all heads, full L x L
+//   MLM head:       2*M*H*H + 2*M*H*V                      transform and tied decoder
+//   NSP head:       2*N*H*H + 2*N*H*2                      pooler and classifier
+// Embedding lookups, LayerNorm, softmax and GELU are not matmuls and are not counted.
+double training_flops(const ModelConfig& cfg, int64_t rows, int64_t row_len, int64_t masked_tokens) {
+  const double H = cfg.hidden, I = cfg.intermediate, V = cfg.vocab_size, Ly = cfg.layers;
+  const double T = static_cast<double>(rows) * row_len, L = row_len, M = masked_tokens, N = rows;
+  const double encoder = Ly * (2 * T * (4 * H * H + 2 * H * I) + 4 * rows * L * L * H);
+  const double heads = 2 * M * H * H + 2 * M * H * V + 2 * N * H * H + 2 * N * H * 2;
+  return 3 * (encoder + heads);
+}
+
+}  // namespace bs

@@ -1,0 +1,133 @@
+// BERT for pretraining (MLM + NSP) on LibTorch: embeddings, post-LayerNorm encoder layers, the two heads,
+// the pretraining loss and the FLOP count the efficiency benchmark divides by.
+//
+// Activations run flat as [B*L, H] so every projection is one GEMM; attention reshapes views of the fused QKV
+// projection into [B, heads, L, head_dim] and uses batched matmul. The MLM head only sees the M masked rows.
+// Everything follows the dtype/device of the parameters and inputs (float32, float64, bf16, CUDA).
+#pragma once
+#include <torch/torch.h>
+
+#include <cstdint>
+
+#include "common/TrainConfig.h"
+#include "trainer/Batch.h"
+
+namespace bs {
+
+struct BertOutputs {
+  torch::Tensor mlm_logits;  // [M, vocab]: one row per entry of inputs.mlm_positions
+  torch::Tensor nsp_logits;  // [N, 2]: one row per entry of inputs.nsp_positions
+};
+
+// Additive attention bias in `options`' dtype: 0 where a query may attend a key, a large negative elsewhere.
+// Unpacked: [B,1,1,L] key-padding bias (attention_ids != 0). Packed: [B,1,L,L] block diagonal
+// (same nonzero attention id). Finite, so fully masked (padding) queries never produce NaN.
+torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options);
+
+// Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H].
+class BertEmbeddingsImpl : public torch::nn::Module {
+ public:
+  explicit BertEmbeddingsImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const BertInputs& in);
+
+  torch::nn::Embedding word_embeddings{nullptr};  // also the (tied) MLM decoder weight
+  torch::nn::Embedding position_embeddings{nullptr};
+  torch::nn::Embedding token_type_embeddings{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  double dropout = 0;
+};
+TORCH_MODULE(BertEmbeddings);
+
+// Multi-head self-attention with a fused QKV projection, output projection, residual, post-LayerNorm.
+class BertAttentionImpl : public torch::nn::Module {
+ public:
+  explicit BertAttentionImpl(const ModelConfig& cfg);
+  // x: [B*L, H]; bias: from attention_bias().
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows, int64_t row_len);
+
+  torch::nn::Linear qkv{nullptr};     // H -> 3H: [query; key; value]
+  torch::nn::Linear output{nullptr};  // H -> H
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  int64_t heads = 0;
+  double dropout = 0;
+};
+TORCH_MODULE(BertAttention);
+
+// GELU (erf) feed-forward, residual, post-LayerNorm.
+class BertFeedForwardImpl : public torch::nn::Module {
+ public:
+  explicit BertFeedForwardImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x);
+
+  torch::nn::Linear intermediate{nullptr};  // H -> I
+  torch::nn::Linear output{nullptr};        // I -> H
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  double dropout = 0;
+};
+TORCH_MODULE(BertFeedForward);
+
+class BertLayerImpl : public torch::nn::Module {
+ public:
+  explicit BertLayerImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows, int64_t row_len);
+
+  BertAttention attention{nullptr};
+  BertFeedForward ffn{nullptr};
+};
+TORCH_MODULE(BertLayer);
+
+// MLM head on the gathered masked rows: dense + GELU + LayerNorm, then the tied decoder with its own bias.
+class BertMlmHeadImpl : public torch::nn::Module {
+ public:
+  explicit BertMlmHeadImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& masked_hidden, const torch::Tensor& word_embeddings);
+
+  torch::nn::Linear transform{nullptr};
+  torch::nn::LayerNorm LayerNorm{nullptr};
+  torch::Tensor decoder_bias;  // [vocab]
+};
+TORCH_MODULE(BertMlmHead);
+
+// NSP head on each sequence's [CLS] row: pooler dense + tanh, then a 2-way classifier.
+class BertNspHeadImpl : public torch::nn::Module {
+ public:
+  explicit BertNspHeadImpl(const ModelConfig& cfg);
+  torch::Tensor forward(const torch::Tensor& cls_hidden);
+
+  torch::nn::Linear pooler{nullptr};
+  torch::nn::Linear classifier{nullptr};
+};
+TORCH_MODULE(BertNspHead);
+
+// Parameter names: embeddings.*, encoder.<i>.attention.*, encoder.<i>.ffn.*, mlm.*, nsp.* (registered in
+// forward order; biases contain "bias", LayerNorm parameters "LayerNorm").
+class BertForPretrainingImpl : public torch::nn::Module {
+ public:
+  explicit BertForPretrainingImpl(const ModelConfig& cfg);
+  BertOutputs forward(const BertInputs& in);
+  const ModelConfig& config() const { return cfg_; }
+  int64_t num_parameters() const;
+
+  BertEmbeddings embeddings{nullptr};
+  torch::nn::ModuleList encoder{nullptr};
+  BertMlmHead mlm{nullptr};
+  BertNspHead nsp{nullptr};
+
+ private:
+  ModelConfig cfg_;
+};
+TORCH_MODULE(BertForPretraining);
+
+// MLM cross-entropy over masked positions (mean) + NSP cross-entropy (mean); returns {total, mlm, nsp}.
+// Reduced-precision logits are upcast to float32 for the loss.
+struct PretrainingLoss {
+  torch::Tensor total, mlm, nsp;
+};
+PretrainingLoss pretraining_loss(const BertOutputs& out, const torch::Tensor& mlm_labels,
+                                 const torch::Tensor& nsp_labels);
+
+// Training FLOPs of one step on a micro-batch of `rows` rows of `row_len` tokens with `masked_tokens` MLM
+// predictions (formula in BertModel.cpp).
+double training_flops(const ModelConfig& cfg, int64_t rows, int64_t row_len, int64_t masked_tokens);
+
+}  // namespace bs

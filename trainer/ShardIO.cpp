@@ -1,0 +1,251 @@
+#include "trainer/ShardIO.h"
+
+#include <H5Cpp.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+
+namespace bs {
+namespace fs = std::filesystem;
+namespace {
+
+const char* kLayout =
+    "not an MLPerf BERT shard (expected int datasets input_ids, input_mask, segment_ids [N,S], "
+    "masked_lm_positions, masked_lm_ids [N,P], next_sentence_labels [N])";
+
+// HDF5 prints its error stack to stderr by default; our exceptions say what went wrong instead.
+void silence_hdf5() {
+  static std::once_flag once;
+  std::call_once(once, [] { H5::Exception::dontPrint(); });
+}
+
+std::string shape_str(const std::vector<hsize_t>& dims) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < dims.size(); ++i) s += (i ? "," : "") + std::to_string(dims[i]);
+  return s + "]";
+}
+
+// Reads one integer dataset as int32, checking its rank (rank-1 data may also be stored as [N,1]).
+torch::Tensor read_int_dataset(const H5::H5File& file, const std::string& path, const std::string& name, int rank) {
+  if (!file.nameExists(name)) throw DataError(path + ": dataset '" + name + "' is missing: " + kLayout);
+  H5::DataSet ds = file.openDataSet(name);
+  if (ds.getTypeClass() != H5T_INTEGER)
+    throw DataError(path + ": dataset '" + name + "' is not integer-typed: " + kLayout);
+  H5::DataSpace space = ds.getSpace();
+  const int r = space.getSimpleExtentNdims();
+  std::vector<hsize_t> dims(std::max(r, 0));
+  if (r > 0) space.getSimpleExtentDims(dims.data());
+  const bool column = rank == 1 && r == 2 && dims[1] == 1;
+  if (r != rank && !column)
+    throw DataError(path + ": dataset '" + name + "' has shape " + shape_str(dims) + ", expected rank " +
+                    std::to_string(rank) + ": " + kLayout);
+  std::vector<int64_t> shape(dims.begin(), dims.begin() + rank);
+  torch::Tensor t = torch::empty(shape, torch::kInt32);
+  if (t.numel() > 0) ds.read(t.data_ptr<int32_t>(), H5::PredType::NATIVE_INT32);
+  return t;
+}
+
+void write_int_dataset(H5::H5File& file, const std::string& name, const torch::Tensor& t) {
+  torch::Tensor c = t.to(torch::kCPU).to(torch::kInt32).contiguous();
+  std::vector<hsize_t> dims(c.sizes().begin(), c.sizes().end());
+  H5::DataSpace space(static_cast<int>(dims.size()), dims.data());
+  H5::DSetCreatPropList props;
+  if (c.numel() > 0) {
+    // Chunked + deflate like MLPerf's shards (padding compresses well); ~1k rows per chunk.
+    std::vector<hsize_t> chunk = dims;
+    chunk[0] = std::min<hsize_t>(dims[0], 1024);
+    props.setChunk(static_cast<int>(chunk.size()), chunk.data());
+    if (H5Zfilter_avail(H5Z_FILTER_DEFLATE) > 0) props.setDeflate(1);
+  }
+  H5::DataSet ds = file.createDataSet(name, H5::PredType::STD_I32LE, space, props);
+  if (c.numel() > 0) ds.write(c.data_ptr<int32_t>(), H5::PredType::NATIVE_INT32);
+}
+
+int64_t count_lines(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw DataError("cannot read vocab file " + path);
+  int64_t n = 0;
+  std::string line;
+  while (std::getline(in, line)) ++n;
+  return n;
+}
+
+int64_t max_id(const ShardData& d) {
+  int64_t m = -1;
+  if (d.size() == 0) return m;
+  m = std::max(m, d.input_ids.max().item<int64_t>());
+  if (d.masked_lm_ids.numel() > 0) m = std::max(m, d.masked_lm_ids.max().item<int64_t>());
+  return m;
+}
+
+}  // namespace
+
+ShardData read_shard(const std::string& path) {
+  silence_hdf5();
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) throw DataError("shard file " + path + " does not exist");
+  ShardData d;
+  try {
+    if (!H5::H5File::isHdf5(path)) throw DataError(path + ": not an HDF5 file (corrupt, or not a shard)");
+    H5::H5File file(path, H5F_ACC_RDONLY);
+    d.input_ids = read_int_dataset(file, path, "input_ids", 2);
+    d.input_mask = read_int_dataset(file, path, "input_mask", 2);
+    d.segment_ids = read_int_dataset(file, path, "segment_ids", 2);
+    d.masked_lm_positions = read_int_dataset(file, path, "masked_lm_positions", 2);
+    d.masked_lm_ids = read_int_dataset(file, path, "masked_lm_ids", 2);
+    d.next_sentence_labels = read_int_dataset(file, path, "next_sentence_labels", 1);
+  } catch (const H5::Exception& e) {
+    throw DataError(path + ": cannot read HDF5 data (" + e.getFuncName() + ": " + e.getDetailMsg() +
+                    "): the file is truncated or corrupt; prepare it again");
+  }
+  const int64_t n = d.input_ids.size(0);
+  auto check = [&](const torch::Tensor& t, const char* name, std::vector<int64_t> want) {
+    if (t.sizes().vec() != want)
+      throw DataError(path + ": dataset '" + name + "' has shape " + c10::str(t.sizes()) + " but input_ids has " +
+                      std::to_string(n) + " rows: " + kLayout);
+  };
+  check(d.input_mask, "input_mask", d.input_ids.sizes().vec());
+  check(d.segment_ids, "segment_ids", d.input_ids.sizes().vec());
+  check(d.masked_lm_positions, "masked_lm_positions", {n, d.masked_lm_positions.size(1)});
+  check(d.masked_lm_ids, "masked_lm_ids", d.masked_lm_positions.sizes().vec());
+  check(d.next_sentence_labels, "next_sentence_labels", {n});
+  if (n > 0 && (d.masked_lm_positions.min().item<int64_t>() < 0 ||
+                d.masked_lm_positions.max().item<int64_t>() >= d.input_ids.size(1)))
+    throw DataError(path + ": masked_lm_positions point outside the sequence of length " +
+                    std::to_string(d.input_ids.size(1)));
+  d.lengths = d.input_mask.ne(0).sum(1).to(torch::kInt32);
+  return d;
+}
+
+void write_shard(const std::string& path, const ShardData& data) {
+  silence_hdf5();
+  const int64_t n = data.size();
+  auto need = [&](const torch::Tensor& t, const char* name, int64_t rank) {
+    if (!t.defined() || t.dim() != rank || t.size(0) != n)
+      throw std::invalid_argument("write_shard(" + path + "): " + name + " must have rank " + std::to_string(rank) +
+                                  " and " + std::to_string(n) + " rows");
+  };
+  need(data.input_ids, "input_ids", 2);
+  need(data.input_mask, "input_mask", 2);
+  need(data.segment_ids, "segment_ids", 2);
+  need(data.masked_lm_positions, "masked_lm_positions", 2);
+  need(data.masked_lm_ids, "masked_lm_ids", 2);
+  need(data.next_sentence_labels, "next_sentence_labels", 1);
+  const std::string tmp = path + ".tmp";
+  try {
+    {
+      H5::H5File file(tmp, H5F_ACC_TRUNC);
+      write_int_dataset(file, "input_ids", data.input_ids);
+      write_int_dataset(file, "input_mask", data.input_mask);
+      write_int_dataset(file, "segment_ids", data.segment_ids);
+      write_int_dataset(file, "masked_lm_positions", data.masked_lm_positions);
+      write_int_dataset(file, "masked_lm_ids", data.masked_lm_ids);
+      write_int_dataset(file, "next_sentence_labels", data.next_sentence_labels);
+    }
+    fs::rename(tmp, path);
+  } catch (const H5::Exception& e) {
+    std::error_code ec;
+    fs::remove(tmp, ec);
+    throw DataError("cannot write shard " + tmp + " (" + e.getDetailMsg() + "): is the disk full or the folder read-only?");
+  }
+}
+
+ShardData concat_shards(const std::vector<ShardData>& shards) {
+  ShardData out;
+  std::vector<const ShardData*> parts;
+  for (const auto& s : shards)
+    if (s.input_ids.defined()) parts.push_back(&s);
+  if (parts.empty()) return out;
+  for (const auto* p : parts)
+    if (p->seq_len() != parts[0]->seq_len() || p->max_predictions() != parts[0]->max_predictions())
+      throw DataError("cannot concatenate shards with different shapes: seq_len " + std::to_string(p->seq_len()) +
+                      " vs " + std::to_string(parts[0]->seq_len()) + ", max_predictions " +
+                      std::to_string(p->max_predictions()) + " vs " + std::to_string(parts[0]->max_predictions()));
+  auto cat = [&](torch::Tensor ShardData::*field) {
+    std::vector<torch::Tensor> ts;
+    for (const auto* p : parts) ts.push_back(p->*field);
+    return torch::cat(ts, 0);
+  };
+  out.input_ids = cat(&ShardData::input_ids);
+  out.input_mask = cat(&ShardData::input_mask);
+  out.segment_ids = cat(&ShardData::segment_ids);
+  out.masked_lm_positions = cat(&ShardData::masked_lm_positions);
+  out.masked_lm_ids = cat(&ShardData::masked_lm_ids);
+  out.next_sentence_labels = cat(&ShardData::next_sentence_labels);
+  bool have_lengths = std::all_of(parts.begin(), parts.end(), [](const ShardData* p) { return p->lengths.defined(); });
+  out.lengths = have_lengths ? cat(&ShardData::lengths) : out.input_mask.ne(0).sum(1).to(torch::kInt32);
+  return out;
+}
+
+Dataset load_dataset(const DataConfig& cfg) {
+  if (cfg.dir.empty()) throw DataError("data.dir is not set (point it at a folder made by bertsweep data prepare)");
+  std::error_code ec;
+  if (!fs::is_directory(cfg.dir, ec))
+    throw DataError("data folder " + cfg.dir + " does not exist (run: bertsweep data prepare ... --out " + cfg.dir + ")");
+  fs::path eval_path = cfg.eval_file.empty() ? fs::path(cfg.dir) / "eval.hdf5" : fs::path(cfg.eval_file);
+  if (!cfg.eval_file.empty() && eval_path.is_relative() && !fs::exists(eval_path, ec) &&
+      fs::exists(fs::path(cfg.dir) / eval_path, ec))
+    eval_path = fs::path(cfg.dir) / eval_path;
+  if (!fs::is_regular_file(eval_path, ec))
+    throw DataError("eval file " + eval_path.string() + " does not exist (data.eval_file, default <dir>/eval.hdf5)");
+
+  Dataset ds;
+  ds.dir = cfg.dir;
+  for (const auto& e : fs::directory_iterator(cfg.dir)) {
+    if (!e.is_regular_file() || e.path().extension() != ".hdf5") continue;
+    if (fs::equivalent(e.path(), eval_path, ec)) continue;
+    ds.train_files.push_back(e.path().string());
+  }
+  std::sort(ds.train_files.begin(), ds.train_files.end());
+  if (ds.train_files.empty()) throw DataError("data folder " + cfg.dir + " has no training shards (*.hdf5 besides the eval file)");
+
+  auto check_seq = [&](const ShardData& d, const std::string& file) {
+    if (cfg.seq_len > 0 && d.size() > 0 && d.seq_len() != cfg.seq_len)
+      throw DataError(file + " has sequences of length " + std::to_string(d.seq_len()) + " but data.seq_len is " +
+                      std::to_string(cfg.seq_len) + " (prepare the data with --seq-len " + std::to_string(cfg.seq_len) +
+                      " or set data.seq_len)");
+  };
+  std::vector<ShardData> shards;
+  for (const auto& f : ds.train_files) {
+    shards.push_back(read_shard(f));
+    check_seq(shards.back(), f);
+    if (shards.back().max_predictions() != shards.front().max_predictions())
+      throw DataError(f + " has " + std::to_string(shards.back().max_predictions()) + " masked positions per sample but " +
+                      ds.train_files.front() + " has " + std::to_string(shards.front().max_predictions()));
+  }
+  ds.train = concat_shards(shards);
+  shards.clear();
+  ds.eval = read_shard(eval_path.string());
+  check_seq(ds.eval, eval_path.string());
+
+  const fs::path vocab = fs::path(cfg.dir) / "vocab.txt";
+  const int64_t seen = std::max(max_id(ds.train), max_id(ds.eval));
+  if (fs::exists(vocab, ec)) {
+    ds.vocab_size = count_lines(vocab.string());
+    if (seen >= ds.vocab_size)
+      throw DataError("vocab does not match the data: " + cfg.dir + " has token id " + std::to_string(seen) + " but " +
+                      vocab.string() + " has only " + std::to_string(ds.vocab_size) + " tokens");
+  } else {
+    ds.vocab_size = seen + 1;
+  }
+  return ds;
+}
+
+std::vector<int64_t> length_histogram(const ShardData& data, int64_t bin_width) {
+  if (bin_width <= 0) throw std::invalid_argument("length_histogram: bin_width must be positive");
+  if (data.size() == 0) return {};
+  const int64_t bins = (data.seq_len() + bin_width - 1) / bin_width;
+  std::vector<int64_t> hist(std::max<int64_t>(bins, 1), 0);
+  torch::Tensor lengths = data.lengths.defined() ? data.lengths : data.input_mask.ne(0).sum(1);
+  lengths = lengths.to(torch::kInt64).contiguous();
+  const int64_t* p = lengths.data_ptr<int64_t>();
+  for (int64_t i = 0; i < lengths.numel(); ++i) {
+    const int64_t b = std::clamp<int64_t>((p[i] - 1) / bin_width, 0, static_cast<int64_t>(hist.size()) - 1);
+    ++hist[b];
+  }
+  return hist;
+}
+
+}  // namespace bs

@@ -1,0 +1,54 @@
+// Pretraining shards in MLPerf BERT's HDF5 layout, and the dataset folder that `data prepare` writes.
+// Datasets per shard: input_ids, input_mask, segment_ids [N, seq_len]; masked_lm_positions,
+// masked_lm_ids [N, max_pred] (0-padded); next_sentence_labels [N]. Any integer dtype is accepted on read.
+#pragma once
+#include <torch/torch.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "common/TrainConfig.h"
+
+namespace bs {
+
+// Missing, truncated or mismatched data: the message names the file (and dataset) and the fix.
+struct DataError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+struct ShardData {
+  torch::Tensor input_ids;             // int32 [N, S]
+  torch::Tensor input_mask;            // int32 [N, S]
+  torch::Tensor segment_ids;           // int32 [N, S]
+  torch::Tensor masked_lm_positions;   // int32 [N, P]
+  torch::Tensor masked_lm_ids;         // int32 [N, P]
+  torch::Tensor next_sentence_labels;  // int32 [N]
+  torch::Tensor lengths;               // int32 [N]: real tokens per sample (sum of input_mask)
+  int64_t size() const { return input_ids.defined() ? input_ids.size(0) : 0; }
+  int64_t seq_len() const { return input_ids.size(1); }
+  int64_t max_predictions() const { return masked_lm_positions.size(1); }
+};
+
+// Reads one shard; DataError naming the file for a missing file, a missing dataset, wrong shapes or a truncated file.
+ShardData read_shard(const std::string& path);
+// Writes to `path + ".tmp"` and renames, so a crash never leaves a half-written shard under the real name.
+void write_shard(const std::string& path, const ShardData& data);
+// Concatenates shards (same seq_len and max_predictions required).
+ShardData concat_shards(const std::vector<ShardData>& shards);
+
+// A prepared dataset folder: train shards (*.hdf5 other than the eval file), an eval file, vocab.txt.
+struct Dataset {
+  ShardData train;
+  ShardData eval;
+  int64_t vocab_size = 0;              // lines of vocab.txt when present, else 1 + max token id seen
+  std::string dir;
+  std::vector<std::string> train_files;
+};
+// Loads data.dir / data.eval_file of a training config; checks seq_len against data.seq_len.
+Dataset load_dataset(const DataConfig& cfg);
+
+// Sequence-length histogram (bins of `bin_width` tokens) of a shard, for `data inspect` and the sampler report.
+std::vector<int64_t> length_histogram(const ShardData& data, int64_t bin_width);
+
+}  // namespace bs

@@ -1,0 +1,420 @@
+#include "trainer/Trainer.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <functional>
+#include <iostream>
+#include <numeric>
+#include <sstream>
+
+#include "common/JsonWriter.h"
+#include "optimizers/LrSchedule.h"
+#include "optimizers/Optimizer.h"
+#include "trainer/Batch.h"
+#include "trainer/BertModel.h"
+#include "trainer/Checkpoint.h"
+#include "trainer/Communicator.h"
+#include "trainer/EventLog.h"
+#include "trainer/GradientBucketer.h"
+#include "trainer/Runtime.h"
+#include "trainer/Sampler.h"
+#include "trainer/ShardIO.h"
+
+namespace bs {
+namespace fs = std::filesystem;
+
+namespace {
+
+std::atomic<bool> g_stop{false};
+void on_stop_signal(int) { g_stop.store(true); }
+
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+std::string fmt_duration(double s) {
+  if (!std::isfinite(s) || s < 0) return "?";
+  int64_t t = static_cast<int64_t>(s + 0.5);
+  std::ostringstream os;
+  if (t >= 3600) os << t / 3600 << "h" << (t % 3600) / 60 << "m";
+  else if (t >= 60) os << t / 60 << "m" << t % 60 << "s";
+  else os << t << "s";
+  return os.str();
+}
+
+struct EvalResult {
+  double accuracy = 0, loss = 0;
+  int64_t masked = 0;
+};
+
+// The fixed eval set, collated once: rank r evaluates rows r, r+world, ...; counts are summed over ranks.
+class Evaluator {
+ public:
+  Evaluator(const ShardData& eval, int64_t limit, int64_t rank, int64_t world) {
+    int64_t n = limit > 0 ? std::min(limit, eval.size()) : eval.size();
+    // Sorting by length keeps eval batches dense; the metric does not depend on the batching.
+    std::vector<int64_t> idx;
+    const auto* len = eval.lengths.data_ptr<int32_t>();
+    for (int64_t i = rank; i < n; i += world) idx.push_back(i);
+    std::stable_sort(idx.begin(), idx.end(), [&](int64_t a, int64_t b) { return len[a] > len[b]; });
+    const int64_t kRows = 64;
+    for (std::size_t s = 0; s < idx.size(); s += kRows) {
+      MicroBatch mb;
+      for (std::size_t i = s; i < std::min(idx.size(), s + kRows); ++i) mb.rows.push_back({idx[i]});
+      batches_.push_back(collate(eval, mb));
+    }
+    samples_ = n;
+  }
+  EvalResult run(BertForPretraining& model, Communicator& comm) {
+    torch::NoGradGuard no_grad;
+    model->eval();
+    double correct = 0, total = 0, loss_sum = 0;
+    for (const auto& b : batches_) {
+      auto out = model->forward(b.inputs);
+      auto pred = out.mlm_logits.argmax(-1);
+      correct += pred.eq(b.mlm_labels).sum().item<double>();
+      total += static_cast<double>(b.mlm_labels.numel());
+      loss_sum += torch::nn::functional::cross_entropy(
+                      out.mlm_logits.to(torch::kFloat), b.mlm_labels,
+                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                      .item<double>();
+    }
+    model->train();
+    auto all = comm.allgather({correct, total, loss_sum});
+    double c = 0, t = 0, l = 0;
+    for (std::size_t i = 0; i + 2 < all.size(); i += 3) {
+      c += all[i];
+      t += all[i + 1];
+      l += all[i + 2];
+    }
+    EvalResult r;
+    r.masked = static_cast<int64_t>(t);
+    r.accuracy = t > 0 ? c / t : 0;
+    r.loss = t > 0 ? l / t : 0;
+    return r;
+  }
+  int64_t samples() const { return samples_; }
+
+ private:
+  std::vector<BertBatch> batches_;
+  int64_t samples_ = 0;
+};
+
+void write_params(const std::string& path, BertForPretraining& model) {
+  std::vector<torch::Tensor> flat;
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().to(torch::kFloat).reshape(-1));
+  auto all = torch::cat(flat).contiguous();
+  std::string tmp = path + ".tmp";
+  FILE* f = std::fopen(tmp.c_str(), "wb");
+  if (!f) throw std::runtime_error("--dump-params: cannot write " + path);
+  std::fwrite(all.data_ptr<float>(), sizeof(float), all.numel(), f);
+  std::fclose(f);
+  fs::rename(tmp, path);
+}
+
+}  // namespace
+
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
+TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
+  TrainConfig cfg = cfg_in;
+  const auto t_init = Clock::now();
+  RuntimeInfo rt = configure_runtime(cfg.threads);
+  auto comm = make_communicator(cfg.distributed);
+  const int64_t rank = comm->rank(), world = comm->world();
+  const bool lead = rank == 0;
+  EventSink events(lead ? opt.events : "");
+  MlLog mllog(lead ? cfg.log.mllog : "");
+  auto say = [&](const std::string& s) {
+    if (lead && !opt.quiet) std::cerr << s << std::endl;
+  };
+
+  // Ranks must agree on what they train: compare config hashes before any data is read.
+  check_same_config(*comm, cfg.to_yaml_string());
+
+  mllog.log("init_start", "null", "INTERVAL_START");
+  Dataset data = load_dataset(cfg.data);
+  if (cfg.model.vocab_size == 0) cfg.model.vocab_size = data.vocab_size;
+  if (cfg.model.vocab_size < data.vocab_size)
+    throw ConfigError("model.vocab_size (" + std::to_string(cfg.model.vocab_size) + ") is smaller than the vocab of " +
+                      data.dir + " (" + std::to_string(data.vocab_size) +
+                      " tokens): the vocab does not match the data; set model.vocab_size: 0 to take it from the data");
+  if (data.train.seq_len() > cfg.model.max_position)
+    throw ConfigError("the shards of " + data.dir + " have sequences of " + std::to_string(data.train.seq_len()) +
+                      " tokens, above model.max_position (" + std::to_string(cfg.model.max_position) + ")");
+  if (cfg.batch.global % world != 0)
+    throw ConfigError("batch.global (" + std::to_string(cfg.batch.global) + ") must be divisible by the number of ranks (" +
+                      std::to_string(world) + ")");
+  const int64_t local_batch = cfg.batch.global / world;
+  const int64_t accumulation = (local_batch + cfg.batch.micro - 1) / cfg.batch.micro;
+  const int64_t total_steps =
+      cfg.schedule.total_steps > 0 ? cfg.schedule.total_steps
+                                   : (cfg.target.max_samples + cfg.batch.global - 1) / cfg.batch.global;
+
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed));  // same initial weights on every rank
+  BertForPretraining model(cfg.model);
+  // Dropout differs per rank (as in data-parallel BERT), reproducibly.
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed) * 1000003ULL + static_cast<uint64_t>(rank) + 1);
+  optim::NamedParams named;
+  for (const auto& kv : model->named_parameters()) named.emplace_back(kv.key(), kv.value());
+  auto optimizer = optim::make_optimizer(cfg.optimizer, named);
+  optim::LrSchedule schedule(cfg.schedule, cfg.optimizer.lr, total_steps);
+  GradientBucketer bucketer(model->parameters(), *comm, cfg.clip);
+
+  std::vector<int32_t> lengths(data.train.lengths.data_ptr<int32_t>(),
+                               data.train.lengths.data_ptr<int32_t>() + data.train.size());
+  SamplerOptions so;
+  so.kind = cfg.data.sampler;
+  so.global_batch = cfg.batch.global;
+  so.micro_batch = cfg.batch.micro;
+  so.rank = rank;
+  so.world = world;
+  so.presort_group = cfg.data.presort_group;
+  so.strata = cfg.data.strata;
+  so.row_len = data.train.seq_len();
+  so.seed = static_cast<uint64_t>(cfg.seed);
+  std::unique_ptr<BatchSampler> sampler;
+  try {
+    sampler = make_sampler(so, lengths);
+  } catch (const std::invalid_argument& e) {
+    throw ConfigError(std::string("sampler: ") + e.what());
+  }
+  Evaluator evaluator(data.eval, cfg.data.eval_samples, rank, world);
+
+  TrainResult res;
+  TrainState st;
+  if (opt.resume) {
+    if (cfg.checkpoint.dir.empty()) throw ConfigError("--resume needs checkpoint.dir in the config");
+    if (load_checkpoint(cfg.checkpoint.dir, rank, model, *optimizer, st)) {
+      sampler->seek(st.step);
+      say("resumed from " + cfg.checkpoint.dir + " at step " + std::to_string(st.step) + ", " +
+          std::to_string(st.samples) + " samples");
+    } else {
+      say("no checkpoint in " + cfg.checkpoint.dir + ": starting from scratch");
+    }
+  }
+  auto save = [&]() {
+    if (!cfg.checkpoint.dir.empty()) save_checkpoint(cfg.checkpoint.dir, rank, world, model, *optimizer, st, *comm);
+  };
+
+  say("bertsweep train: " + std::to_string(model->num_parameters()) + " parameters, " + std::to_string(world) +
+      " rank(s), global batch " + std::to_string(cfg.batch.global) + " (micro " + std::to_string(cfg.batch.micro) +
+      " x " + std::to_string(accumulation) + " accumulation), sampler " + cfg.data.sampler + ", optimizer " +
+      cfg.optimizer.name + ", clip " + cfg.clip.mode + ", " + std::to_string(data.train.size()) + " train / " +
+      std::to_string(evaluator.samples()) + " eval samples");
+  say("runtime: " + describe(rt) + ", communicator: " + comm->backend());
+
+  mllog.point("submission_benchmark", std::string("bert"));
+  mllog.point("global_batch_size", static_cast<double>(cfg.batch.global));
+  mllog.point("gradient_accumulation_steps", static_cast<double>(accumulation));
+  mllog.point("max_sequence_length", static_cast<double>(data.train.seq_len()));
+  mllog.point("opt_name", cfg.optimizer.name);
+  mllog.point("opt_base_learning_rate", cfg.optimizer.lr);
+  const bool lamb_like = cfg.optimizer.name == "lamb" || cfg.optimizer.name == "nvlamb" || cfg.optimizer.name == "lans";
+  const std::string beta_prefix = lamb_like ? "opt_lamb_" : "opt_adam_";
+  mllog.point(beta_prefix + "beta_1", cfg.optimizer.beta1);
+  mllog.point(beta_prefix + "beta_2", cfg.optimizer.beta2);
+  mllog.point("opt_epsilon", cfg.optimizer.eps);
+  mllog.point(lamb_like ? "opt_lamb_weight_decay_rate" : "opt_weight_decay", cfg.optimizer.weight_decay);
+  mllog.point("opt_learning_rate_warmup_steps", static_cast<double>(schedule.warmup_steps()));
+  mllog.point("start_warmup_step", static_cast<double>(cfg.schedule.start_warmup_step));
+  mllog.point("opt_lamb_learning_rate_decay_poly_power", cfg.schedule.power);
+  mllog.point("max_samples", static_cast<double>(cfg.target.max_samples));
+  mllog.point("eval_samples", static_cast<double>(evaluator.samples()));
+  mllog.log("init_stop", "null", "INTERVAL_END");
+  mllog.log("run_start", "null", "INTERVAL_START");
+
+  const auto t_run = Clock::now();
+  const double seconds_before = st.seconds;  // training time of earlier (resumed) segments
+  auto run_seconds = [&]() { return seconds_before + since(t_run); };
+  int64_t next_eval = (st.samples / cfg.target.eval_every_samples + 1) * cfg.target.eval_every_samples;
+  int64_t next_ckpt = cfg.checkpoint.every_samples > 0
+                          ? (st.samples / cfg.checkpoint.every_samples + 1) * cfg.checkpoint.every_samples
+                          : INT64_MAX;
+  double window_start = run_seconds();
+  int64_t window_samples = 0, window_real = 0, window_computed = 0, window_steps = 0;
+  double window_compute = 0, window_step_time = 0, last_loss = NAN, imbalance_sum = 0, overlap_sum = 0;
+  int64_t last_epoch_logged = -1;
+  (void)t_init;
+
+  auto do_eval = [&]() -> bool {
+    EvalResult ev = evaluator.run(model, *comm);
+    st.last_accuracy = ev.accuracy;
+    const double secs = run_seconds();
+    events.emit("eval", JsonWriter()
+                            .add("step", st.step)
+                            .add("samples", st.samples)
+                            .add("mlm_accuracy", ev.accuracy)
+                            .add("loss", ev.loss)
+                            .add("train_loss", last_loss)
+                            .add("seconds", secs));
+    JsonWriter md;
+    md.add("epoch_num", st.samples).add("step", st.step);
+    mllog.log("eval_accuracy", MlLog::number(ev.accuracy), "POINT", md);
+    say("eval @ " + std::to_string(st.samples) + " samples (step " + std::to_string(st.step) +
+        "): masked-LM accuracy " + std::to_string(ev.accuracy) + ", loss " + std::to_string(ev.loss));
+    if (ev.accuracy >= cfg.target.mlm_accuracy) {
+      res.reached = true;
+      res.samples_to_target = st.samples;
+      res.seconds_to_target = secs;
+      return true;
+    }
+    return false;
+  };
+
+  bool done = false;
+  while (!done && st.samples < cfg.target.max_samples) {
+    if (sampler->epoch() != last_epoch_logged) {
+      last_epoch_logged = sampler->epoch();
+      JsonWriter md;
+      md.add("epoch_num", last_epoch_logged);
+      mllog.log("epoch_start", "null", "INTERVAL_START", md);
+    }
+    const auto t_step = Clock::now();
+    auto micro = sampler->next_step();
+    const double lr = schedule.lr_at(st.step);
+    double loss_sum = 0, nonfinite = 0;
+    int64_t real = 0, computed = 0;
+    int64_t local_samples = 0;
+    for (const auto& mb : micro) local_samples += mb.samples();
+    const auto t_compute = Clock::now();
+    for (std::size_t i = 0; i < micro.size(); ++i) {
+      BertBatch b = collate(data.train, micro[i]);
+      real += b.real_tokens;
+      computed += b.computed_tokens;
+      bucketer.begin_micro(i + 1 == micro.size());
+      auto out = model->forward(b.inputs);
+      auto loss = pretraining_loss(out, b.mlm_labels, b.nsp_labels);
+      // Weight by this micro-batch's share of the rank's samples: accumulation sums to the batch mean.
+      const double w = static_cast<double>(b.samples) / static_cast<double>(std::max<int64_t>(1, local_samples));
+      (loss.total * w).backward();
+      const double lv = loss.total.item<double>();
+      if (!std::isfinite(lv)) nonfinite = 1;
+      loss_sum += lv * w;
+    }
+    BucketStats bstats = bucketer.finish();
+    const double compute_s = since(t_compute);
+    // One small exchange per step: stop requests, NaN, load and time statistics agree on all ranks.
+    auto all = comm->allgather({loss_sum, nonfinite, g_stop.load() ? 1.0 : 0.0, static_cast<double>(real),
+                                static_cast<double>(computed), compute_s});
+    double g_loss = 0, g_nonfinite = 0, g_stop_req = 0, g_real = 0, g_computed = 0, max_c = 0, sum_c = 0;
+    for (int64_t r = 0; r < world; ++r) {
+      g_loss += all[r * 6 + 0] / world;
+      g_nonfinite += all[r * 6 + 1];
+      g_stop_req += all[r * 6 + 2];
+      g_real += all[r * 6 + 3];
+      g_computed += all[r * 6 + 4];
+      max_c = std::max(max_c, all[r * 6 + 5]);
+      sum_c += all[r * 6 + 5];
+    }
+    if (g_nonfinite > 0 || !std::isfinite(bstats.grad_norm)) {
+      mllog.log("run_stop", "null", "INTERVAL_END", JsonWriter().add("status", "aborted"));
+      throw NonFiniteLoss("loss is NaN/inf at step " + std::to_string(st.step) + " (" + std::to_string(st.samples) +
+                          " samples, lr " + std::to_string(lr) +
+                          "): the run diverged; lower optimizer.lr, add warmup, or enable clipping");
+    }
+    optimizer->step(lr);
+    optimizer->zero_grad();
+    st.step += 1;
+    st.samples += cfg.batch.global;
+    last_loss = g_loss;
+    const double step_s = since(t_step);
+    window_samples += cfg.batch.global;
+    window_real += static_cast<int64_t>(g_real);
+    window_computed += static_cast<int64_t>(g_computed);
+    window_compute += compute_s;
+    window_step_time += step_s;
+    window_steps += 1;
+    imbalance_sum += sum_c > 0 ? max_c / (sum_c / world) : 1.0;
+    overlap_sum += bstats.overlap;
+
+    const bool progress_due = st.step % std::max<int64_t>(1, cfg.log.progress_every_steps) == 0;
+    if (progress_due || st.samples >= cfg.target.max_samples) {
+      const double wall = run_seconds() - window_start;
+      const double sps = wall > 0 ? window_samples / wall : 0;
+      const double tps = wall > 0 ? window_computed / wall : 0;
+      const double waste = window_computed > 0 ? 1.0 - double(window_real) / double(window_computed) : 0;
+      events.emit("throughput", JsonWriter()
+                                    .add("step", st.step)
+                                    .add("samples", st.samples)
+                                    .add("samples_per_s", sps)
+                                    .add("tokens_per_s", tps)
+                                    .add("effective_tokens_per_s", wall > 0 ? window_real / wall : 0.0)
+                                    .add("padding_waste", waste)
+                                    .add("imbalance", imbalance_sum / window_steps)
+                                    .add("overlap", overlap_sum / window_steps)
+                                    .add("step_seconds", window_step_time / window_steps)
+                                    .add("compute_seconds", window_compute / window_steps)
+                                    .add("grad_norm", bstats.grad_norm)
+                                    .add("lr", lr)
+                                    .add("loss", g_loss));
+      if (lead && !opt.quiet) {
+        const double eta = sps > 0 ? (cfg.target.max_samples - st.samples) / sps : NAN;
+        char buf[320];
+        std::snprintf(buf, sizeof buf,
+                      "step %lld/%lld  samples %lld  %.1f samples/s  %.0f tok/s  loss %.4f  lr %.3g  "
+                      "eval %.4f  waste %.1f%%  ETA %s",
+                      static_cast<long long>(st.step), static_cast<long long>(total_steps),
+                      static_cast<long long>(st.samples), sps, tps, g_loss, lr, st.last_accuracy, 100 * waste,
+                      fmt_duration(eta).c_str());
+        std::cerr << buf << std::endl;
+      }
+      window_start = run_seconds();
+      window_samples = window_real = window_computed = window_steps = 0;
+      window_compute = window_step_time = imbalance_sum = overlap_sum = 0;
+    }
+    if (st.samples >= next_eval || st.samples >= cfg.target.max_samples) {
+      while (next_eval <= st.samples) next_eval += cfg.target.eval_every_samples;
+      JsonWriter md;
+      md.add("first_epoch_num", st.samples);
+      mllog.log("block_stop", "null", "INTERVAL_END", md);
+      done = do_eval();
+      if (!done) mllog.log("block_start", "null", "INTERVAL_START", md);
+    }
+    st.seconds = run_seconds();
+    if (st.samples >= next_ckpt) {
+      while (next_ckpt <= st.samples) next_ckpt += cfg.checkpoint.every_samples;
+      save();
+    }
+    if (g_stop_req > 0 && !done) {
+      save();
+      mllog.log("run_stop", "null", "INTERVAL_END", JsonWriter().add("status", "aborted"));
+      throw Terminated("stopped by signal at step " + std::to_string(st.step) + " (" + std::to_string(st.samples) +
+                       " samples)" + (cfg.checkpoint.dir.empty() ? "" : "; checkpoint in " + cfg.checkpoint.dir));
+    }
+  }
+  res.samples = st.samples;
+  res.steps = st.step;
+  res.seconds = run_seconds();
+  res.final_mlm_accuracy = st.last_accuracy;
+  mllog.log("run_stop", "null", "INTERVAL_END", JsonWriter().add("status", res.reached ? "success" : "aborted"));
+  mllog.point("train_samples", static_cast<double>(st.samples));
+  JsonWriter d;
+  d.add("reached", res.reached).add("samples", res.samples).add("steps", res.steps).add("seconds", res.seconds);
+  if (res.reached) d.add("samples_to_target", res.samples_to_target).add("seconds_to_target", res.seconds_to_target);
+  else d.add_null("samples_to_target").add_null("seconds_to_target");
+  d.add("final_mlm_accuracy", res.final_mlm_accuracy).add("target", cfg.target.mlm_accuracy);
+  events.emit("done", d);
+  say(res.reached ? "reached masked-LM accuracy " + std::to_string(res.final_mlm_accuracy) + " >= target " +
+                        std::to_string(cfg.target.mlm_accuracy) + " after " + std::to_string(res.samples_to_target) +
+                        " samples, " + fmt_duration(res.seconds_to_target)
+                  : "target " + std::to_string(cfg.target.mlm_accuracy) + " not reached within " +
+                        std::to_string(cfg.target.max_samples) + " samples (final accuracy " +
+                        std::to_string(res.final_mlm_accuracy) + ")");
+  if (!opt.dump_params.empty() && lead) write_params(opt.dump_params, model);
+  if (!cfg.checkpoint.dir.empty()) save();
+  comm->barrier();
+  return res;
+}
+
+}  // namespace bs
