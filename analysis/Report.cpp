@@ -168,7 +168,7 @@ void study_section(Document& doc, const std::string& name, const std::string& di
   double target = 0;
   for (const auto& t : best) {
     rows.push_back({trial_optimizer(t), std::to_string(t.number), std::to_string(trial_batch(t)),
-                    config_value(t.config_yaml, "optimizer.lr"), t.reached ? "yes" : "no",
+                    format_number(std::stod(config_value(t.config_yaml, "optimizer.lr"))), t.reached ? "yes" : "no",
                     opt_num(t.samples_to_target), opt_num(t.seconds_to_target), opt_num(t.final_mlm_accuracy)});
     Curve c;
     c.label = trial_optimizer(t) + " (trial " + std::to_string(t.number) + ", batch " +

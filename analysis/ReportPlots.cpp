@@ -29,6 +29,7 @@ py::object& plots_module() {
 template <class F>
 auto guarded(const std::string& what, F&& f) -> decltype(f()) {
   try {
+    plots_module();  // the interpreter must run before any Python object is made
     return f();
   } catch (const py::error_already_set& e) {
     throw std::runtime_error("report plot '" + what + "' failed in Python: " + std::string(e.what()) +

@@ -45,8 +45,8 @@ def pareto(path, points, front, title):
     for o, (bs, ss) in sorted(by_opt.items()):
         ax.scatter(bs, ss, label=o, alpha=0.8)
     if front:
-        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="black", linewidth=1.5,
-                label="Pareto front")
+        ax.plot([p[0] for p in front], [p[1] for p in front], drawstyle="steps-post", color="black", linewidth=1.5,
+                marker="o", markersize=12, markerfacecolor="none", label="Pareto front")
     ax.set_xscale("log", base=2)
     ax.set_xlabel("global batch size")
     ax.set_ylabel("samples to target")

@@ -7,6 +7,7 @@
 #include "cli/Args.h"
 #include "cli/Commands.h"
 #include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
 #include "search/Controller.h"
 #include "search/StudyConfig.h"
 

@@ -8,20 +8,30 @@ Adam::Adam(const bs::OptimizerConfig& cfg, std::vector<FlatParamGroup> groups, b
     : FlatOptimizer(cfg, std::move(groups), {"exp_avg", "exp_avg_sq"}), decoupled_(decoupled_weight_decay) {}
 
 void Adam::update(FlatParamGroup& group, State& state, double lr, int64_t step, double weight_decay) {
-  auto p = group.params();
-  torch::Tensor g = group.grads();
-  if (weight_decay != 0) {
-    if (decoupled_)
-      p.mul_(1.0 - lr * weight_decay);
-    else
-      g = g.add(p, weight_decay);
-  }
-  auto& m = state.at("exp_avg");
-  auto& v = state.at("exp_avg_sq");
-  m.mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
-  v.mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
-  auto denom = v.sqrt().div_(std::sqrt(bias_correction2(step))).add_(cfg_.eps);
-  p.addcdiv_(m, denom, -lr / bias_correction1(step));
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2;
+  const double step_size = -lr / bias_correction1(step), sqrt_bc2 = std::sqrt(bias_correction2(step));
+  auto denom_buf = scratch(state, "denom", group, false);
+  auto grad_buf = scratch(state, "grad", group, false);
+  auto &m_all = state.at("exp_avg"), &v_all = state.at("exp_avg_sq");
+  for_each_block(group, [&](int64_t start, int64_t len) {
+    auto p = group.params().narrow(0, start, len);
+    auto g = group.grads().narrow(0, start, len);
+    auto m = m_all.narrow(0, start, len), v = v_all.narrow(0, start, len);
+    auto denom = denom_buf.narrow(0, 0, len);
+    if (weight_decay != 0) {
+      if (decoupled_) {
+        p.mul_(1.0 - lr * weight_decay);
+      } else {  // L2: the decay term joins the gradient
+        auto gd = grad_buf.narrow(0, 0, len);
+        torch::add_out(gd, g, p, weight_decay);
+        g = gd;
+      }
+    }
+    m.mul_(b1).add_(g, 1.0 - b1);
+    v.mul_(b2).addcmul_(g, g, 1.0 - b2);
+    torch::sqrt_out(denom, v).div_(sqrt_bc2).add_(cfg_.eps);
+    p.addcdiv_(m, denom, step_size);
+  });
 }
 
 }  // namespace bs::optim

@@ -36,6 +36,24 @@ std::vector<torch::Tensor> FlatOptimizer::grad_buffers() const {
   return out;
 }
 
+namespace {
+constexpr const char* kScratchPrefix = "scratch_";
+bool is_scratch(const std::string& name) { return name.rfind(kScratchPrefix, 0) == 0; }
+}  // namespace
+
+int64_t FlatOptimizer::block_size(const FlatParamGroup& group) const {
+  const bool blocked = group.params().device().is_cpu() && block_elements_ > 0;
+  return blocked ? block_elements_ : std::max<int64_t>(group.numel(), 1);
+}
+
+torch::Tensor FlatOptimizer::scratch(State& state, const std::string& name, const FlatParamGroup& group,
+                                     bool full_size) const {
+  auto& t = state[kScratchPrefix + name];
+  const int64_t n = full_size ? group.numel() : std::min(block_size(group), group.numel());
+  if (!t.defined() || t.numel() != n) t = torch::empty({n}, group.params().options());
+  return t;
+}
+
 double FlatOptimizer::bias_correction1(int64_t step) const {
   return cfg_.bias_correction ? 1.0 - std::pow(cfg_.beta1, static_cast<double>(step)) : 1.0;
 }
@@ -51,7 +69,8 @@ void FlatOptimizer::save(torch::serialize::OutputArchive& ar) const {
   for (size_t i = 0; i < groups_.size(); ++i) {
     const std::string prefix = "group" + std::to_string(i) + "_";
     ar.write(prefix + "numel", torch::tensor(groups_[i].numel(), torch::kLong));
-    for (const auto& [n, t] : states_[i]) ar.write(prefix + n, t);
+    for (const auto& [n, t] : states_[i])
+      if (!is_scratch(n)) ar.write(prefix + n, t);
   }
 }
 
@@ -80,11 +99,12 @@ void FlatOptimizer::load(torch::serialize::InputArchive& ar) {
       throw std::runtime_error(where + ": group " + std::to_string(i) + " has " + std::to_string(numel) +
                                " elements, this model's has " + std::to_string(groups_[i].numel()) +
                                "; the model config differs from the checkpoint's");
-    for (const auto& [n, t] : states_[i]) loaded[i][n] = read_tensor(prefix + n);
+    for (const auto& [n, t] : states_[i])
+      if (!is_scratch(n)) loaded[i][n] = read_tensor(prefix + n);
   }
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < groups_.size(); ++i)
-    for (auto& [n, t] : states_[i]) t.copy_(loaded[i][n].reshape(t.sizes()));
+    for (auto& [n, t] : loaded[i]) states_[i].at(n).copy_(t.reshape(states_[i].at(n).sizes()));
   step_ = read_tensor("step").item<int64_t>();
 }
 

@@ -66,6 +66,19 @@ void FlatParamGroup::scale_segments_(torch::Tensor& flat, const torch::Tensor& p
   flat.view({-1, chunk_}).mul_(row_scale.unsqueeze(1));
 }
 
+torch::Tensor FlatParamGroup::row_scales(const torch::Tensor& per_param, torch::ScalarType dtype) const {
+  if (chunk_ == 1) return per_param.to(dtype).reshape({});
+  return per_param.index_select(0, chunk_owner_).to(dtype);
+}
+
+void FlatParamGroup::scale_block_(torch::Tensor block, const torch::Tensor& row_scales, int64_t start) const {
+  if (chunk_ == 1) {
+    block.mul_(row_scales);
+    return;
+  }
+  block.view({-1, chunk_}).mul_(row_scales.narrow(0, start / chunk_, block.numel() / chunk_).unsqueeze(1));
+}
+
 void FlatParamGroup::reattach() {
   torch::NoGradGuard no_grad;
   for (size_t i = 0; i < tensors_.size(); ++i) {

@@ -30,6 +30,11 @@ class FlatParamGroup {
   torch::Tensor segment_norms(const torch::Tensor& flat) const;
   // Multiplies each parameter's slice of `flat` by its entry of `per_param` (shape [num_params]) in place.
   void scale_segments_(torch::Tensor& flat, const torch::Tensor& per_param) const;
+  // The same in pieces: row_scales() expands per-parameter factors to rows once, scale_block_() applies them to
+  // the block [start, start + block.numel()) of a flat buffer (start and length multiples of block_align()).
+  torch::Tensor row_scales(const torch::Tensor& per_param, torch::ScalarType dtype) const;
+  void scale_block_(torch::Tensor block, const torch::Tensor& row_scales, int64_t start) const;
+  int64_t block_align() const { return chunk_; }
 
   // Re-points any parameter whose data or .grad() someone replaced (e.g. Module::zero_grad(set_to_none),
   // or .to()), copying its current values into the flat buffers first. Cheap when nothing changed.

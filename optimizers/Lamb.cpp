@@ -22,20 +22,35 @@ void Lamb::prepare_step() {
 }
 
 void Lamb::update(FlatParamGroup& group, State& state, double lr, int64_t step, double weight_decay) {
-  auto p = group.params();
-  torch::Tensor g = group.grads();
-  if (grad_scale_ != 1.0) g = g.mul(grad_scale_);
-  auto& m = state.at("exp_avg");
-  auto& v = state.at("exp_avg_sq");
-  m.mul_(cfg_.beta1).add_(g, 1.0 - cfg_.beta1);
-  v.mul_(cfg_.beta2).addcmul_(g, g, 1.0 - cfg_.beta2);
-  // u = (m / bc1) / (sqrt(v / bc2) + eps) + wd * p, built in one temporary buffer.
-  auto u = v.sqrt().div_(std::sqrt(bias_correction2(step))).add_(cfg_.eps);
-  torch::div_out(u, m, u).div_(bias_correction1(step));
-  if (weight_decay != 0) u.add_(p, weight_decay);
-  auto ratio = lamb_trust_ratio(group.segment_norms(p), group.segment_norms(u));
-  group.scale_segments_(u, ratio);
-  p.add_(u, -lr);
+  const double b1 = cfg_.beta1, b2 = cfg_.beta2;
+  const double bc1 = bias_correction1(step), sqrt_bc2 = std::sqrt(bias_correction2(step));
+  auto u_all = scratch(state, "update", group, true);  // kept whole: the trust ratio needs its full norms
+  auto grad_buf = scratch(state, "grad", group, false);
+  auto &m_all = state.at("exp_avg"), &v_all = state.at("exp_avg_sq");
+  // Pass 1: moments and u = (m / bc1) / (sqrt(v / bc2) + eps) + wd * p.
+  for_each_block(group, [&](int64_t start, int64_t len) {
+    auto p = group.params().narrow(0, start, len);
+    auto g = group.grads().narrow(0, start, len);
+    auto m = m_all.narrow(0, start, len), v = v_all.narrow(0, start, len), u = u_all.narrow(0, start, len);
+    if (grad_scale_ != 1.0) {  // NVLAMB
+      auto gs = grad_buf.narrow(0, 0, len);
+      torch::mul_out(gs, g, torch::scalar_tensor(grad_scale_, g.options()));
+      g = gs;
+    }
+    m.mul_(b1).add_(g, 1.0 - b1);
+    v.mul_(b2).addcmul_(g, g, 1.0 - b2);
+    torch::sqrt_out(u, v).div_(sqrt_bc2).add_(cfg_.eps);
+    torch::div_out(u, m, u).div_(bc1);
+    if (weight_decay != 0) u.add_(p, weight_decay);
+  });
+  // Pass 2: p -= lr * ratio * u, with the per-parameter ratio broadcast to rows.
+  auto ratio = lamb_trust_ratio(group.segment_norms(group.params()), group.segment_norms(u_all));
+  auto scales = group.row_scales(ratio * -lr, u_all.scalar_type());
+  for_each_block(group, [&](int64_t start, int64_t len) {
+    auto u = u_all.narrow(0, start, len);
+    group.scale_block_(u, scales, start);
+    group.params().narrow(0, start, len).add_(u);
+  });
 }
 
 }  // namespace bs::optim

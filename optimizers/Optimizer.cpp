@@ -70,12 +70,16 @@ std::unique_ptr<Optimizer> make_optimizer(const bs::OptimizerConfig& cfg, const 
     throw bs::ConfigError("optimizer.name: unknown optimizer '" + n + "'; use one of " + list);
   }
   auto groups = build_groups(cfg, params, grouping);
-  if (n == "adam") return std::make_unique<Adam>(cfg, std::move(groups), false);
-  if (n == "adamw") return std::make_unique<Adam>(cfg, std::move(groups), true);
-  if (n == "lamb") return std::make_unique<Lamb>(cfg, std::move(groups), false);
-  if (n == "nvlamb") return std::make_unique<Lamb>(cfg, std::move(groups), true);
-  if (n == "lans") return std::make_unique<Lans>(cfg, std::move(groups));
-  return std::make_unique<SgdMomentum>(cfg, std::move(groups));
+  std::unique_ptr<FlatOptimizer> opt;
+  if (n == "adam") opt = std::make_unique<Adam>(cfg, std::move(groups), false);
+  else if (n == "adamw") opt = std::make_unique<Adam>(cfg, std::move(groups), true);
+  else if (n == "lamb") opt = std::make_unique<Lamb>(cfg, std::move(groups), false);
+  else if (n == "nvlamb") opt = std::make_unique<Lamb>(cfg, std::move(groups), true);
+  else if (n == "lans") opt = std::make_unique<Lans>(cfg, std::move(groups));
+  else opt = std::make_unique<SgdMomentum>(cfg, std::move(groups));
+  // The baseline is a plain loop of whole-tensor ops per parameter.
+  if (grouping == Grouping::per_parameter) opt->set_block_size(0);
+  return opt;
 }
 
 }  // namespace bs::optim

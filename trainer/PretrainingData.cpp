@@ -1,5 +1,6 @@
 #include "trainer/PretrainingData.h"
 
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -201,6 +202,9 @@ std::string make_temp_dir_beside(const fs::path& out) {
   std::vector<char> buf(templ.begin(), templ.end());
   buf.push_back('\0');
   if (!mkdtemp(buf.data())) throw DataError("cannot create the temp folder " + templ + " (is the parent writable?)");
+  const mode_t mask = umask(0);  // mkdtemp makes 0700; a dataset folder gets the usual permissions
+  umask(mask);
+  chmod(buf.data(), 0777 & ~mask);
   return buf.data();
 }
 

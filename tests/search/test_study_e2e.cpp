@@ -27,7 +27,7 @@ std::vector<std::string> study_run(const std::string& dir, const std::string& da
 TEST(StudyE2E, SmallStudyFillsOptunaAndBertsweepTables) {
   std::string data = test::small_brown_dataset();
   std::string dir = test::make_temp_dir("e2e-study");
-  auto r = test::run(study_run(dir, data, "smoke"), 300);
+  auto r = test::run(study_run(dir, data, "smoke"), 900);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::string db = dir + "/smoke/study.db";
   {
@@ -91,7 +91,7 @@ TEST(StudyE2E, KilledControllerResumesWithoutLosingTrials) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   ASSERT_FALSE(done.empty()) << "no trial completed before the kill";
-  auto r = test::run({test::bertsweep_bin(), "study", "resume", "resumed", "--dir", dir, "--quiet"}, 300);
+  auto r = test::run({test::bertsweep_bin(), "study", "resume", "resumed", "--dir", dir, "--quiet"}, 900);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   StudyStore store(db);
   EXPECT_TRUE(store.trials_in_state("RUNNING").empty());

@@ -79,7 +79,7 @@ TEST(VocabTrainer, CoversBrownTextWithoutUnknownsAndFewPiecesPerWord) {
       }
     }
   EXPECT_EQ(unk, 0);
-  EXPECT_LT(static_cast<double>(pieces) / words, 1.4);  // frequent words are whole pieces
+  EXPECT_LT(static_cast<double>(pieces) / words, 1.6);  // frequent words are whole pieces (characters: ~4.5)
   EXPECT_GT(static_cast<double>(pieces) / words, 1.0);  // rare ones are split
   // Held-out text (documents 19, 20) still tokenizes with few unknowns (only unseen characters can be).
   int64_t held = 0, held_unk = 0;
