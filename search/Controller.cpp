@@ -253,6 +253,13 @@ class StudyRun {
     fs::create_directories(rec.trial_dir);
     try {
       rec.config_yaml = c_.space.resolve(base_, a.params, "trial " + std::to_string(a.number));
+      // The stored config is exactly what runs: the thread share is written into it, so an exported
+      // config reproduces the trial (float reductions depend on the thread count).
+      TrainConfig resolved = TrainConfig::from_yaml(YAML::Load(rec.config_yaml), "trial config");
+      if (resolved.threads == 0) {
+        resolved.threads = threads_;
+        rec.config_yaml = resolved.to_yaml_string();
+      }
     } catch (const ConfigError& e) {
       rec.state = trial_state::kFail;
       rec.reason = std::string("config: ") + e.what();

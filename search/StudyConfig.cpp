@@ -66,6 +66,21 @@ std::string default_direction(const std::string& objective) {
   return objective == "final_mlm_accuracy" ? "maximize" : "minimize";
 }
 
+
+// Launcher arguments come from a study file that may be someone else's: they are passed as argument vectors
+// (never through a shell), and besides may only hold plain characters and no option that names a program
+// for mpirun/srun to start (--launch-agent, plm_rsh_agent, --task-prolog, LD_PRELOAD...).
+void check_launcher_arg(const std::string& arg, const YAML::Node& n, const std::string& key, const std::string& source) {
+  static const std::regex plain("[A-Za-z0-9_.,:=/+@%-]*");
+  if (!std::regex_match(arg, plain))
+    throw ConfigError(where(n, source) + ": " + key + " '" + arg +
+                      "' holds a character outside [A-Za-z0-9_.,:=/+@%-] (shell syntax is not allowed: each list "
+                      "item is one argument)");
+  for (const char* bad : {"agent", "prolog", "epilog", "LD_PRELOAD", "LD_LIBRARY_PATH", "--exec", "--wrap"})
+    if (arg.find(bad) != std::string::npos)
+      throw ConfigError(where(n, source) + ": " + key + " '" + arg + "' is not allowed: it would make " +
+                        "the launcher start another program");
+}
 }  // namespace
 
 bool is_valid_study_name(const std::string& name) {
@@ -209,8 +224,12 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
       else if (k == "ranks") c.launcher.ranks = static_cast<int>(integer(kv.second, "launcher.ranks", source, 1));
       else if (k == "hostfile") {
         fs::path h = scalar(kv.second, "launcher.hostfile", source);
+        check_launcher_arg(h.string(), kv.second, "launcher.hostfile", source);
         c.launcher.hostfile = h.is_absolute() ? h.string() : fs::absolute(dir / h).string();
-      } else if (k == "extra_args") c.launcher.extra_args = string_or_list(kv.second, "launcher.extra_args", source);
+      } else if (k == "extra_args") {
+        c.launcher.extra_args = string_or_list(kv.second, "launcher.extra_args", source);
+        for (const auto& a : c.launcher.extra_args) check_launcher_arg(a, kv.second, "launcher.extra_args", source);
+      }
       else
         throw ConfigError(where(kv.first, source) + ": unknown key 'launcher." + k +
                           "' (known: kind, ranks, hostfile, extra_args)");

@@ -1,0 +1,230 @@
+#!/usr/bin/python3
+"""Plain PyTorch eager BERT pretraining loop: the baseline bertsweep's throughput is compared against.
+
+Same model as trainer/BertModel.h (post-LN, GELU(erf), fused QKV, tied MLM decoder with its own bias, MLM head only
+on the masked rows, NSP head on [CLS]), same HDF5 shards (read with h5py), torch.optim.AdamW, random batches padded
+to the full sequence length as a typical user would. Prints one JSON object.
+
+  bench/python_baseline.py --data data/brown --model mini --batch 64 --steps 10 --warmup 3 --threads 2
+  bench/python_baseline.py --gemm-only      # float32 GEMM ceiling (1024^3 and the model's shapes)
+  bench/python_baseline.py --profile ...    # adds the torch profiler's top operators
+"""
+import argparse
+import glob
+import json
+import math
+import os
+import sys
+import time
+
+MODELS = {"tiny": dict(layers=2, hidden=128, heads=2, intermediate=512),
+          "mini": dict(layers=4, hidden=256, heads=4, intermediate=1024)}
+
+
+def parse_args():
+    p = argparse.ArgumentParser()
+    p.add_argument("--data", default="data/brown")
+    p.add_argument("--model", choices=sorted(MODELS), default="mini")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--steps", type=int, default=10, help="timed steps after warmup")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--gemm-only", action="store_true")
+    p.add_argument("--gemm", action="store_true", help="also measure the GEMM ceiling")
+    p.add_argument("--profile", action="store_true")
+    p.add_argument("--wait-policy", choices=["passive", "default"], default="passive",
+                   help="OMP_WAIT_POLICY: passive (as bertsweep sets it) or the OpenMP default")
+    return p.parse_args()
+
+
+args = parse_args()
+# Must be set before torch loads its OpenMP runtime.
+if args.wait_policy == "passive":
+    os.environ["OMP_WAIT_POLICY"] = "passive"
+else:
+    os.environ.pop("OMP_WAIT_POLICY", None)
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import torch.nn as nn  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+torch.set_num_threads(args.threads)
+torch.manual_seed(args.seed)
+
+
+class Layer(nn.Module):
+    def __init__(self, H, A, I, p):
+        super().__init__()
+        self.heads, self.p = A, p
+        self.qkv = nn.Linear(H, 3 * H)
+        self.attn_out = nn.Linear(H, H)
+        self.ln1 = nn.LayerNorm(H, eps=1e-12)
+        self.inter = nn.Linear(H, I)
+        self.out = nn.Linear(I, H)
+        self.ln2 = nn.LayerNorm(H, eps=1e-12)
+
+    def forward(self, x, bias):  # x [B, L, H], bias [B, 1, 1, L]
+        B, L, H = x.shape
+        d = H // self.heads
+        q, k, v = self.qkv(x).view(B, L, 3, self.heads, d).permute(2, 0, 3, 1, 4)
+        s = torch.matmul(q, k.transpose(-1, -2)) / math.sqrt(d) + bias
+        a = F.dropout(torch.softmax(s, dim=-1), self.p, self.training)
+        ctx = torch.matmul(a, v).transpose(1, 2).reshape(B, L, H)
+        x = self.ln1(x + F.dropout(self.attn_out(ctx), self.p, self.training))
+        h = self.out(F.gelu(self.inter(x)))
+        return self.ln2(x + F.dropout(h, self.p, self.training))
+
+
+class Bert(nn.Module):
+    def __init__(self, V, layers, hidden, heads, intermediate, max_pos=512, p=0.1):
+        super().__init__()
+        H = hidden
+        self.p = p
+        self.word = nn.Embedding(V, H)
+        self.pos = nn.Embedding(max_pos, H)
+        self.seg = nn.Embedding(2, H)
+        self.ln = nn.LayerNorm(H, eps=1e-12)
+        self.layers = nn.ModuleList([Layer(H, heads, intermediate, p) for _ in range(layers)])
+        self.mlm_dense = nn.Linear(H, H)
+        self.mlm_ln = nn.LayerNorm(H, eps=1e-12)
+        self.mlm_bias = nn.Parameter(torch.zeros(V))
+        self.pooler = nn.Linear(H, H)
+        self.nsp = nn.Linear(H, 2)
+        for m in self.modules():
+            if isinstance(m, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(m.weight, std=0.02)
+
+    def forward(self, ids, seg, mask, mlm_pos):
+        B, L = ids.shape
+        x = self.word(ids) + self.pos(torch.arange(L).unsqueeze(0)) + self.seg(seg)
+        x = F.dropout(self.ln(x), self.p, self.training)
+        bias = ((1.0 - mask.float()) * -10000.0).view(B, 1, 1, L)
+        for layer in self.layers:
+            x = layer(x, bias)
+        flat = x.reshape(B * L, -1)
+        rows = flat.index_select(0, mlm_pos)  # masked rows only (same FLOPs as bertsweep)
+        h = self.mlm_ln(F.gelu(self.mlm_dense(rows)))
+        mlm_logits = F.linear(h, self.word.weight, self.mlm_bias)
+        nsp_logits = self.nsp(torch.tanh(self.pooler(x[:, 0])))
+        return mlm_logits, nsp_logits
+
+
+def load_shards(folder):
+    import h5py
+    files = sorted(f for f in glob.glob(os.path.join(folder, "*.hdf5")) if not f.endswith("eval.hdf5"))
+    if not files:
+        sys.exit(f"no train shards (*.hdf5) in {folder}: run `bertsweep data prepare` first")
+    keys = ["input_ids", "input_mask", "segment_ids", "masked_lm_positions", "masked_lm_ids", "next_sentence_labels"]
+    parts = {k: [] for k in keys}
+    for f in files:
+        with h5py.File(f, "r") as h:
+            for k in keys:
+                parts[k].append(h[k][()])
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+def make_batch(d, idx):
+    ids = torch.from_numpy(d["input_ids"][idx].astype(np.int64))
+    mask = torch.from_numpy(d["input_mask"][idx].astype(np.int64))
+    seg = torch.from_numpy(d["segment_ids"][idx].astype(np.int64))
+    pos = torch.from_numpy(d["masked_lm_positions"][idx].astype(np.int64))
+    lab = torch.from_numpy(d["masked_lm_ids"][idx].astype(np.int64))
+    nsp = torch.from_numpy(d["next_sentence_labels"][idx].astype(np.int64))
+    B, L = ids.shape
+    valid = lab != 0  # 0-padded prediction slots
+    flat_pos = (pos + torch.arange(B).unsqueeze(1) * L)[valid]
+    return ids, seg, mask, flat_pos, lab[valid], nsp, int(mask.sum())
+
+
+def training_flops(c, V, rows, L, M):  # same formula as bs::training_flops
+    H, I, Ly = c["hidden"], c["intermediate"], c["layers"]
+    T = rows * L
+    enc = Ly * (2 * T * (4 * H * H + 2 * H * I) + 4 * rows * L * L * H)
+    heads = 2 * M * H * H + 2 * M * H * V + 2 * rows * H * H + 2 * rows * H * 2
+    return 3 * (enc + heads)
+
+
+def gemm_ceiling(c, tokens):
+    """Best-of-several float32 matmul GFLOP/s for 1024^3 and the model's projection shapes."""
+    H, I = c["hidden"], c["intermediate"]
+    shapes = {"1024x1024x1024": (1024, 1024, 1024), f"qkv {tokens}x{H}x{3*H}": (tokens, H, 3 * H),
+              f"ffn_in {tokens}x{H}x{I}": (tokens, H, I), f"ffn_out {tokens}x{I}x{H}": (tokens, I, H)}
+    out = {}
+    for name, (m, k, n) in shapes.items():
+        a, b = torch.randn(m, k), torch.randn(k, n)
+        torch.matmul(a, b)
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            reps = 3
+            for _ in range(reps):
+                torch.matmul(a, b)
+            best = min(best, (time.perf_counter() - t) / reps)
+        out[name] = 2.0 * m * k * n / best / 1e9
+    return out
+
+
+def main():
+    c = MODELS[args.model]
+    res = {"tool": "python_baseline", "torch": torch.__version__, "threads": torch.get_num_threads(),
+           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"), "model": args.model, "batch": args.batch}
+    if args.gemm_only or args.gemm:
+        res["gemm_gflops"] = gemm_ceiling(c, args.batch * 128)
+        if args.gemm_only:
+            print(json.dumps(res))
+            return
+    d = load_shards(args.data)
+    with open(os.path.join(args.data, "vocab.txt")) as f:
+        V = sum(1 for _ in f)
+    L = d["input_ids"].shape[1]
+    model = Bert(V, **c)
+    model.train()
+    decay = [p for n, p in model.named_parameters() if p.dim() > 1]
+    no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
+                            lr=2e-3, betas=(0.9, 0.999), eps=1e-6)
+    rng = np.random.default_rng(args.seed)
+    order = rng.permutation(d["input_ids"].shape[0])
+
+    def step(i):
+        idx = np.sort(order[i * args.batch:(i + 1) * args.batch])  # h5py-style sorted fancy index
+        ids, seg, mask, pos, lab, nsp, real = make_batch(d, idx)
+        mlm_logits, nsp_logits = model(ids, seg, mask, pos)
+        loss = F.cross_entropy(mlm_logits, lab) + F.cross_entropy(nsp_logits, nsp)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        return real, int(lab.numel()), float(loss)
+
+    for i in range(args.warmup):
+        step(i)
+    prof = None
+    if args.profile:
+        from torch.profiler import profile, ProfilerActivity
+        prof = profile(activities=[ProfilerActivity.CPU])
+        prof.__enter__()
+    real = masked = 0
+    t0 = time.perf_counter()
+    for i in range(args.warmup, args.warmup + args.steps):
+        r, m, loss = step(i)
+        real += r
+        masked += m
+    wall = time.perf_counter() - t0
+    if prof is not None:
+        prof.__exit__(None, None, None)
+        table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
+        res["profile_top"] = table
+    computed = args.steps * args.batch * L
+    flops = training_flops(c, V, args.batch, L, masked / args.steps)
+    res.update({"vocab": V, "seq_len": L, "steps": args.steps, "warmup": args.warmup,
+                "step_seconds": wall / args.steps, "samples_per_s": args.steps * args.batch / wall,
+                "tokens_per_s": computed / wall, "effective_tokens_per_s": real / wall,
+                "padding_waste": 1 - real / computed, "train_gflops": flops / (wall / args.steps) / 1e9,
+                "final_loss": loss})
+    print(json.dumps(res))
+
+
+if __name__ == "__main__":
+    main()

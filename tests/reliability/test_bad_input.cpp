@@ -1,0 +1,180 @@
+// Bad input to the real CLI: each is refused with an error that names what is wrong and a non-zero exit
+// code, and an existing study beside it is left byte for byte as it was.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <random>
+
+#include "ReliabilityUtil.h"
+
+using namespace bs;
+namespace fs = std::filesystem;
+
+namespace {
+
+// One existing, finished study ("kept", one tiny trial) that every refused command must leave untouched.
+class BadInput : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    dir_ = test::make_temp_dir("rel-badinput");
+    auto r = test::run(test::smoke_study(dir_, "kept", {"n_trials=1", "parallel=1", "base.target.max_samples=64",
+                                                        "base.target.eval_every_samples=32",
+                                                        "base.data.eval_samples=32"}),
+                       300);
+    ASSERT_EQ(r.exit_code, 0) << r.err;
+  }
+  void SetUp() override { before_ = test::folder_fingerprint(dir_ + "/kept"); }
+  void TearDown() override { EXPECT_EQ(test::folder_fingerprint(dir_ + "/kept"), before_) << "the study was changed"; }
+
+  // A study config in the style of configs/studies/smoke.yaml; `space` and `extra` replace parts of it.
+  static std::string write_config(const std::string& file, const std::string& space, const std::string& extra = "") {
+    std::string path = dir_ + "/" + file;
+    std::ofstream(path) << "name: kept\nobjective: samples_to_target\nsampler: random\nn_trials: 2\n"
+                        << "base:\n  extends: " << test::source_dir() << "/configs/train/bert-tiny-brown.yaml\n"
+                        << "  data: {dir: " << test::small_brown_dataset() << "}\n"
+                        << "space:\n" << space << extra;
+    return path;
+  }
+  static test::RunResult study_run(const std::string& config, const std::vector<std::string>& sets = {}) {
+    std::vector<std::string> a = {test::bertsweep_bin(), "study", "run", "--config", config, "--dir", dir_, "--quiet"};
+    for (const auto& s : sets) a.insert(a.end(), {"--set", s});
+    return test::run(a, 120);
+  }
+  static std::string good_space() { return "  optimizer.lr: {log_uniform: [1.0e-3, 1.0e-2]}\n"; }
+
+  static std::string dir_;
+  std::string before_;
+};
+std::string BadInput::dir_;
+
+#define EXPECT_REFUSED(r, code, needle)                                            \
+  do {                                                                             \
+    EXPECT_EQ((r).exit_code, code) << (r).err;                                     \
+    EXPECT_NE((r).err.find(needle), std::string::npos) << "error: " << (r).err;    \
+  } while (0)
+
+}  // namespace
+
+TEST_F(BadInput, MalformedYaml) {
+  std::string path = dir_ + "/malformed.yaml";
+  std::ofstream(path) << "name: kept\nspace: {optimizer.lr: [1, 2\nn_trials: 3\n";
+  EXPECT_REFUSED(study_run(path), 2, "malformed.yaml");
+}
+
+TEST_F(BadInput, UnknownKeys) {
+  EXPECT_REFUSED(study_run(write_config("unknown.yaml", good_space(), "n_trails: 5\n")), 2, "n_trails");
+  EXPECT_REFUSED(study_run(write_config("ok.yaml", good_space()), {"bogus=1"}), 2, "bogus");
+  EXPECT_REFUSED(study_run(write_config("ok.yaml", good_space()), {"base.optimizer.lrr=0.1"}), 2, "lrr");
+}
+
+TEST_F(BadInput, WrongTypesAndOutOfRangeValues) {
+  EXPECT_REFUSED(study_run(write_config("ok.yaml", good_space()), {"n_trials=many"}), 2, "n_trials");
+  EXPECT_REFUSED(study_run(write_config("ok.yaml", good_space()), {"parallel=0"}), 2, "parallel");
+  EXPECT_REFUSED(study_run(write_config("ok.yaml", good_space()), {"sampler=bayes"}), 2, "sampler");
+  EXPECT_REFUSED(study_run(write_config("ok.yaml", good_space()), {"base.batch.global=-4"}), 2, "batch.global");
+}
+
+TEST_F(BadInput, StudyNameWithPathCharacters) {
+  auto r = study_run(write_config("ok.yaml", good_space()), {"name=../x"});
+  EXPECT_REFUSED(r, 2, "../x");
+  EXPECT_FALSE(fs::exists(fs::path(dir_).parent_path() / "x"));
+  auto s = test::run({test::bertsweep_bin(), "study", "status", "../kept", "--dir", dir_ + "/kept"});
+  EXPECT_NE(s.exit_code, 0);
+  EXPECT_NE(s.err.find("../kept"), std::string::npos) << s.err;
+}
+
+TEST_F(BadInput, SearchSpaceThatCannotBeSampled) {
+  EXPECT_REFUSED(study_run(write_config("empty.yaml", "  optimizer.name: {choice: []}\n")), 2, "choice");
+  EXPECT_REFUSED(study_run(write_config("lowhigh.yaml", "  optimizer.lr: {uniform: [0.1, 0.01]}\n")), 2, "low");
+  EXPECT_REFUSED(study_run(write_config("nokey.yaml", "  optimizer.lrx: {uniform: [0.01, 0.1]}\n")), 2,
+                 "optimizer.lrx");
+}
+
+TEST_F(BadInput, StudyFileThatIsNotAStudy) {
+  fs::create_directories(dir_ + "/junk");
+  std::string db = dir_ + "/junk/study.db";
+  {
+    std::mt19937 gen(5);
+    std::ofstream out(db, std::ios::binary);
+    for (int i = 0; i < 8192; ++i) out.put(static_cast<char>(gen() & 0xff));
+  }
+  std::string bytes = test::read_file(db);
+  for (std::string sub : {"status", "resume"}) {
+    auto r = test::run({test::bertsweep_bin(), "study", sub, "junk", "--dir", dir_});
+    EXPECT_NE(r.exit_code, 0) << sub;
+    EXPECT_NE(r.err.find("study.db"), std::string::npos) << sub << ": " << r.err;
+    EXPECT_NE(r.err.find("not a"), std::string::npos) << sub << ": " << r.err;
+  }
+  EXPECT_EQ(test::read_file(db), bytes);
+  fs::remove_all(dir_ + "/junk");
+}
+
+// Launcher safety: a study config (perhaps from someone else's study folder) cannot make the controller run
+// another program or a shell.
+TEST_F(BadInput, LauncherThatWouldRunSomethingElseIsRefused) {
+  EXPECT_REFUSED(study_run(write_config("sh.yaml", good_space(), "launcher: {kind: sh}\n")), 2, "launcher.kind");
+  EXPECT_REFUSED(study_run(write_config("meta.yaml", good_space(),
+                                        "launcher: {kind: mpirun, extra_args: ['--np 2; touch /tmp/owned']}\n")),
+                 2, "extra_args");
+  EXPECT_REFUSED(study_run(write_config("agent.yaml", good_space(),
+                                        "launcher: {kind: mpirun, extra_args: [--launch-agent, /tmp/evil]}\n")),
+                 2, "--launch-agent");
+  EXPECT_REFUSED(study_run(write_config("prolog.yaml", good_space(),
+                                        "launcher: {kind: srun, extra_args: ['--task-prolog=/tmp/evil']}\n")),
+                 2, "--task-prolog");
+  EXPECT_REFUSED(study_run(write_config("host.yaml", good_space(), "launcher: {kind: mpirun, hostfile: '$(id)'}\n")),
+                 2, "hostfile");
+  // The launcher itself: argument vectors through execve/execvpe, never a shell.
+  std::string src = test::read_file(test::source_dir() + "/search/TrialLauncher.cpp");
+  ASSERT_FALSE(src.empty());
+  EXPECT_NE(src.find("execve("), std::string::npos);
+  for (const char* shell : {"system(", "popen(", "/bin/sh", "\"-c\""})
+    EXPECT_EQ(src.find(shell), std::string::npos) << shell;
+}
+
+// Training-side bad input: a truncated shard, a vocab too small for the data, a checkpoint of another model.
+class BadTrainingInput : public ::testing::Test {
+ protected:
+  std::vector<std::string> train(const std::string& data, const std::vector<std::string>& sets) {
+    std::vector<std::string> a = {test::bertsweep_bin(), "train", "--config",
+                                  test::source_dir() + "/configs/train/bert-tiny-brown.yaml", "--quiet"};
+    std::vector<std::string> all = {"data.dir=" + data, "target.max_samples=64", "target.eval_every_samples=32",
+                                    "data.eval_samples=32", "batch.global=16", "batch.micro=16"};
+    all.insert(all.end(), sets.begin(), sets.end());
+    for (const auto& s : all) a.insert(a.end(), {"--set", s});
+    return a;
+  }
+};
+
+TEST_F(BadTrainingInput, TruncatedShard) {
+  std::string copy = test::make_temp_dir("rel-truncated");
+  fs::copy(test::small_brown_dataset(), copy, fs::copy_options::recursive | fs::copy_options::overwrite_existing);
+  std::string shard = copy + "/train_00000.hdf5";
+  fs::resize_file(shard, fs::file_size(shard) / 2);
+  auto r = test::run(train(copy, {}), 120);
+  EXPECT_REFUSED(r, 3, "train_00000.hdf5");
+  fs::remove_all(copy);
+}
+
+TEST_F(BadTrainingInput, VocabSmallerThanTheData) {
+  auto r = test::run(train(test::small_brown_dataset(), {"model.vocab_size=100"}), 120);
+  EXPECT_REFUSED(r, 2, "model.vocab_size");
+}
+
+TEST_F(BadTrainingInput, CheckpointOfAnotherModel) {
+  std::string ckpt = test::make_temp_dir("rel-ckpt");
+  auto first = test::run(train(test::small_brown_dataset(), {"checkpoint.dir=" + ckpt, "checkpoint.every_samples=32"}),
+                         180);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_FALSE(fs::is_empty(ckpt)) << "no checkpoint written";
+  std::string before = test::folder_fingerprint(ckpt);
+  std::vector<std::string> resume = train(test::small_brown_dataset(), {"checkpoint.dir=" + ckpt, "model.hidden=64",
+                                                                        "model.intermediate=256"});
+  resume.push_back("--resume");
+  auto r = test::run(resume, 180);
+  EXPECT_REFUSED(r, 3, ckpt);
+  EXPECT_NE(r.err.find("different model"), std::string::npos) << r.err;
+  EXPECT_EQ(test::folder_fingerprint(ckpt), before) << "the refused resume changed the checkpoint";
+  fs::remove_all(ckpt);
+}

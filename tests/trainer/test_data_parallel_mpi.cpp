@@ -1,0 +1,79 @@
+// Data parallelism is exact: 2 MPI ranks x batch b train to the same parameters as 1 rank x batch 2b.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <fstream>
+
+#include "TestUtil.h"
+
+namespace {
+
+std::vector<float> read_floats(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), {});
+  std::vector<float> v(bytes.size() / sizeof(float));
+  std::memcpy(v.data(), bytes.data(), v.size() * sizeof(float));
+  return v;
+}
+
+std::string config(const std::string& dir, const std::string& sampler, const std::string& clip) {
+  std::string path = dir + "/dp-" + sampler + "-" + clip + ".yaml";
+  std::ofstream(path) << "extends: " << bs::test::source_dir() << "/configs/models/bert-tiny.yaml\n"
+                      << "model: {dropout: 0.0}\n"
+                      << "data: {dir: " << bs::test::small_brown_dataset() << ", sampler: " << sampler
+                      << ", eval_samples: 64}\n"
+                      << "optimizer: {name: lamb, lr: 0.002}\n"
+                      << "schedule: {name: constant}\n"
+                      << "batch: {global: 32, micro: 16}\n"
+                      << "clip: {mode: " << clip << ", max_norm: 1.0, bucket_mb: 0.25}\n"
+                      << "target: {mlm_accuracy: 0.99, max_samples: 128, eval_every_samples: 100000}\n"
+                      << "threads: 1\nseed: 5\n";
+  return path;
+}
+
+double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double worst = 0;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    worst = std::max(worst, std::abs(double(a[i]) - double(b[i])) / (1e-3 + std::abs(double(b[i]))));
+  return worst;
+}
+
+}  // namespace
+
+TEST(DataParallel, TwoRanksEqualOneRankWithTwiceTheBatch) {
+  auto dir = bs::test::make_temp_dir("dp");
+  auto cfg = config(dir, "random", "none");
+  // One rank: global 32 as two accumulated micro-batches of 16.
+  auto one = bs::test::run({bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=none",
+                            "--quiet", "--dump-params", dir + "/one.bin"});
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  // Two ranks: global 32 = 16 per rank, averaged by the overlapped bucket allreduce.
+  auto two = bs::test::run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1",
+                            bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=mpi",
+                            "--quiet", "--dump-params", dir + "/two.bin"},
+                           300);
+  ASSERT_EQ(two.exit_code, 0) << two.err;
+  auto a = read_floats(dir + "/one.bin"), b = read_floats(dir + "/two.bin");
+  ASSERT_EQ(a.size(), b.size());
+  ASSERT_GT(a.size(), 100000u);
+  EXPECT_LT(max_rel_diff(b, a), 1e-3) << "4 LAMB steps must agree to float tolerance";
+  // The check can fail: a different seed's run is far away.
+  auto other = bs::test::run({bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=none",
+                              "--set", "seed=6", "--quiet", "--dump-params", dir + "/other.bin"});
+  ASSERT_EQ(other.exit_code, 0) << other.err;
+  EXPECT_GT(max_rel_diff(read_floats(dir + "/other.bin"), a), 1e-2);
+}
+
+TEST(DataParallel, MismatchedConfigsAcrossRanksAreRefused) {
+  auto dir = bs::test::make_temp_dir("dp");
+  auto cfg = config(dir, "random", "none");
+  // Rank 1 gets another lr through an MPMD launch: the ranks must notice before training.
+  auto r = bs::test::run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", bs::test::bertsweep_bin(),
+                          "train", "--config", cfg, "--set", "distributed.backend=mpi", "--quiet", ":", "-np", "1",
+                          bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=mpi",
+                          "--set", "optimizer.lr=0.5", "--quiet"},
+                         300);
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_NE((r.err + r.out).find("differ"), std::string::npos) << r.err << r.out;
+}
