@@ -18,7 +18,8 @@ import sys
 import time
 
 MODELS = {"tiny": dict(layers=2, hidden=128, heads=2, intermediate=512),
-          "mini": dict(layers=4, hidden=256, heads=4, intermediate=1024)}
+          "mini": dict(layers=4, hidden=256, heads=4, intermediate=1024),
+          "large": dict(layers=24, hidden=1024, heads=16, intermediate=4096)}
 
 
 def parse_args():
@@ -33,6 +34,11 @@ def parse_args():
     p.add_argument("--gemm-only", action="store_true")
     p.add_argument("--gemm", action="store_true", help="also measure the GEMM ceiling")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu | cuda")
+    p.add_argument("--dtype", default="float32", help="float32 | bfloat16")
+    p.add_argument("--synthetic-vocab", type=int, default=0,
+                   help="random full-length batches with this vocab instead of the shards (bench/gpu.sh)")
+    p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--wait-policy", choices=["passive", "default"], default="passive",
                    help="OMP_WAIT_POLICY: passive (as bertsweep sets it) or the OpenMP default")
     return p.parse_args()
@@ -97,9 +103,9 @@ class Bert(nn.Module):
 
     def forward(self, ids, seg, mask, mlm_pos):
         B, L = ids.shape
-        x = self.word(ids) + self.pos(torch.arange(L).unsqueeze(0)) + self.seg(seg)
+        x = self.word(ids) + self.pos(torch.arange(L, device=ids.device).unsqueeze(0)) + self.seg(seg)
         x = F.dropout(self.ln(x), self.p, self.training)
-        bias = ((1.0 - mask.float()) * -10000.0).view(B, 1, 1, L)
+        bias = ((1.0 - mask.to(x.dtype)) * -10000.0).view(B, 1, 1, L)
         for layer in self.layers:
             x = layer(x, bias)
         flat = x.reshape(B * L, -1)
@@ -135,6 +141,16 @@ def make_batch(d, idx):
     valid = lab != 0  # 0-padded prediction slots
     flat_pos = (pos + torch.arange(B).unsqueeze(1) * L)[valid]
     return ids, seg, mask, flat_pos, lab[valid], nsp, int(mask.sum())
+
+
+def synthetic(V, L, n, max_pred=20, seed=1):
+    """Full-length random samples (no padding) in the shard layout, for GPU runs without a dataset."""
+    g = np.random.default_rng(seed)
+    pos = np.sort(np.stack([g.choice(np.arange(1, L), max_pred, replace=False) for _ in range(n)]), axis=1)
+    return {"input_ids": g.integers(5, V, (n, L)), "input_mask": np.ones((n, L), np.int64),
+            "segment_ids": (np.arange(L)[None, :] >= L // 2).astype(np.int64).repeat(n, 0),
+            "masked_lm_positions": pos, "masked_lm_ids": g.integers(5, V, (n, max_pred)),
+            "next_sentence_labels": g.integers(0, 2, n)}
 
 
 def training_flops(c, V, rows, L, M):  # same formula as bs::training_flops
@@ -174,11 +190,16 @@ def main():
         if args.gemm_only:
             print(json.dumps(res))
             return
-    d = load_shards(args.data)
-    with open(os.path.join(args.data, "vocab.txt")) as f:
-        V = sum(1 for _ in f)
+    if args.synthetic_vocab:
+        d = synthetic(args.synthetic_vocab, args.seq_len, args.batch * (args.warmup + args.steps))
+        V = args.synthetic_vocab
+    else:
+        d = load_shards(args.data)
+        with open(os.path.join(args.data, "vocab.txt")) as f:
+            V = sum(1 for _ in f)
     L = d["input_ids"].shape[1]
-    model = Bert(V, **c)
+    dev, dt = torch.device(args.device), getattr(torch, args.dtype)
+    model = Bert(V, **c).to(device=dev, dtype=dt)
     model.train()
     decay = [p for n, p in model.named_parameters() if p.dim() > 1]
     no_decay = [p for n, p in model.named_parameters() if p.dim() <= 1]
@@ -189,17 +210,19 @@ def main():
 
     def step(i):
         idx = np.sort(order[i * args.batch:(i + 1) * args.batch])  # h5py-style sorted fancy index
-        ids, seg, mask, pos, lab, nsp, real = make_batch(d, idx)
+        ids, seg, mask, pos, lab, nsp, real = (t.to(dev) if torch.is_tensor(t) else t for t in make_batch(d, idx))
         mlm_logits, nsp_logits = model(ids, seg, mask, pos)
-        loss = F.cross_entropy(mlm_logits, lab) + F.cross_entropy(nsp_logits, nsp)
+        loss = F.cross_entropy(mlm_logits.float(), lab) + F.cross_entropy(nsp_logits.float(), nsp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         return real, int(lab.numel()), float(loss)
 
+    sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
     for i in range(args.warmup):
         step(i)
+    sync()
     prof = None
     if args.profile:
         from torch.profiler import profile, ProfilerActivity
@@ -211,6 +234,7 @@ def main():
         r, m, loss = step(i)
         real += r
         masked += m
+    sync()
     wall = time.perf_counter() - t0
     if prof is not None:
         prof.__exit__(None, None, None)
@@ -218,7 +242,7 @@ def main():
         res["profile_top"] = table
     computed = args.steps * args.batch * L
     flops = training_flops(c, V, args.batch, L, masked / args.steps)
-    res.update({"vocab": V, "seq_len": L, "steps": args.steps, "warmup": args.warmup,
+    res.update({"vocab": V, "seq_len": L, "device": args.device, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
                 "step_seconds": wall / args.steps, "samples_per_s": args.steps * args.batch / wall,
                 "tokens_per_s": computed / wall, "effective_tokens_per_s": real / wall,
                 "padding_waste": 1 - real / computed, "train_gflops": flops / (wall / args.steps) / 1e9,

@@ -1,6 +1,9 @@
 // Bad input to the real CLI: each is refused with an error that names what is wrong and a non-zero exit
 // code, and an existing study beside it is left byte for byte as it was.
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/file.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
@@ -16,15 +19,32 @@ namespace {
 // One existing, finished study ("kept", one tiny trial) that every refused command must leave untouched.
 class BadInput : public ::testing::Test {
  protected:
+  // ctest runs each test in its own process: the study is made once per build (under a lock, like the
+  // small dataset) and each process works on its own copy.
   static void SetUpTestSuite() {
     dir_ = test::make_temp_dir("rel-badinput");
-    auto r = test::run(test::smoke_study(dir_, "kept", {"n_trials=1", "parallel=1", "base.target.max_samples=64",
-                                                        "base.target.eval_every_samples=32",
-                                                        "base.data.eval_samples=32"}),
-                       300);
-    ASSERT_EQ(r.exit_code, 0) << r.err;
+    fs::path root = fs::path(dir_).parent_path(), made = root / "rel-kept-study";
+    int fd = open((root / "rel-kept-study.lock").c_str(), O_CREAT | O_RDWR, 0644);
+    flock(fd, LOCK_EX);
+    if (!fs::exists(made / "kept" / "study.db")) {
+      fs::remove_all(made);
+      fs::create_directories(made);
+      auto r = test::run(test::smoke_study(made.string(), "kept",
+                                           {"n_trials=1", "parallel=1", "base.target.max_samples=64",
+                                            "base.target.eval_every_samples=32", "base.data.eval_samples=32"}),
+                         300);
+      if (r.exit_code != 0) fs::remove_all(made);
+      EXPECT_EQ(r.exit_code, 0) << r.err;
+    }
+    flock(fd, LOCK_UN);
+    close(fd);
+    if (fs::exists(made / "kept"))
+      fs::copy(made / "kept", fs::path(dir_) / "kept", fs::copy_options::recursive);
   }
-  void SetUp() override { before_ = test::folder_fingerprint(dir_ + "/kept"); }
+  void SetUp() override {
+    ASSERT_TRUE(fs::exists(dir_ + "/kept/study.db")) << "the study to keep unchanged was not made";
+    before_ = test::folder_fingerprint(dir_ + "/kept");
+  }
   void TearDown() override { EXPECT_EQ(test::folder_fingerprint(dir_ + "/kept"), before_) << "the study was changed"; }
 
   // A study config in the style of configs/studies/smoke.yaml; `space` and `extra` replace parts of it.

@@ -17,7 +17,7 @@ TEST(Concurrency, ParallelTrialsWithFrequentEventsStoreEveryEventOnce) {
   // line in trials/NNNN/stdout.log, which is what the stored rows are counted against.
   auto argv = test::smoke_study(dir, "load",
                                 {"n_trials=4", "parallel=2", "launcher.kind=mpirun", "launcher.ranks=1",
-                                 "base.target.mlm_accuracy=0.99", "base.target.max_samples=512",
+                                 "base.target.mlm_accuracy=0.99", "base.target.max_samples=384",
                                  "base.target.eval_every_samples=16", "base.data.eval_samples=16",
                                  "base.batch.micro=16"});
   pid_t ctl = test::spawn(argv, dir + "/controller.log");
@@ -53,7 +53,7 @@ TEST(Concurrency, ParallelTrialsWithFrequentEventsStoreEveryEventOnce) {
   for (const auto& t : trials) {
     EXPECT_EQ(t.state, trial_state::kComplete) << t.number << ": " << t.reason;
     int written = test::count_lines_with(t.trial_dir + "/stdout.log", "\"eval\"");
-    EXPECT_GE(written, 512 / 32) << "trial " << t.number << ": fewer eval events than the budget implies";
+    EXPECT_GE(written, 384 / 32) << "trial " << t.number << ": fewer eval events than the budget implies";
     auto evals = store.evals(t.number);
     EXPECT_EQ(static_cast<int>(evals.size()), written) << "trial " << t.number;
     for (std::size_t i = 1; i < evals.size(); ++i)
