@@ -94,7 +94,7 @@ TEST(ConfigExport, MlperfJsonCarriesTheHyperparameters) {
   EXPECT_EQ(json_number(j, "opt_lamb_weight_decay_rate"), 0.0123);
   EXPECT_EQ(json_number(j, "opt_lamb_learning_rate_decay_poly_power"), 0.5);
   EXPECT_EQ(json_number(j, "start_warmup_step"), -25);
-  const int64_t total = 1000000 / 4096;
+  const int64_t total = (1000000 + 4095) / 4096;  // the trainer runs ceil(max_samples / batch) steps
   EXPECT_EQ(json_number(j, "opt_learning_rate_training_steps"), total);
   EXPECT_EQ(json_number(j, "opt_learning_rate_warmup_steps"), std::llround(0.07 * total));
   EXPECT_EQ(json_number(j, "num_warmup_steps"), std::llround(0.07 * total));

@@ -47,7 +47,7 @@ std::string shared_study_dir() {
                           "n_trials: 4\nparallel: " << parallel << "\nseed: 11\ntrial_timeout: 300\n"
                           "base:\n  extends: " << test::source_dir() << "/configs/train/bert-tiny-brown.yaml\n"
                           "  data: {eval_samples: 256}\n  batch: {global: 32, micro: 16}\n  threads: " << threads
-                       << "\n  target: {mlm_accuracy: 0.06, max_samples: 3000, eval_every_samples: 512}\n"
+                       << "\n  target: {mlm_accuracy: 0.03, max_samples: 3000, eval_every_samples: 512}\n"
                           "space:\n  optimizer.name: {choice: [adamw, lamb]}\n"
                           "  optimizer.lr: {log_uniform: [2.0e-3, 1.0e-2]}\n  batch.global: {choice: [16, 32]}\n"
                           "launcher: {kind: local}\n";
