@@ -4,6 +4,8 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <fcntl.h>
 #include <gtest/gtest.h>
+
+#include <regex>
 #include <sys/file.h>
 #include <unistd.h>
 #include <yaml-cpp/yaml.h>
@@ -104,10 +106,12 @@ std::string opt_of(const Row& r) { return YAML::Load(r.config)["optimizer"]["nam
 std::optional<double> done_samples(const std::string& out) {
   std::istringstream in(out);
   for (std::string line; std::getline(in, line);) {
-    if (line.find("\"event\":\"done\"") == std::string::npos) continue;
-    auto at = line.find("\"samples_to_target\":");
-    if (at == std::string::npos) return std::nullopt;
-    return std::strtod(line.c_str() + at + 20, nullptr);
+    // The trainer writes `"key": value` (one space); accept any spacing.
+    static const std::regex done("\"event\":\\s*\"done\""), stt("\"samples_to_target\":\\s*([0-9.eE+-]+)");
+    if (!std::regex_search(line, done)) continue;
+    std::smatch m;
+    if (!std::regex_search(line, m, stt)) return std::nullopt;
+    return std::strtod(m[1].str().c_str(), nullptr);
   }
   return std::nullopt;
 }
