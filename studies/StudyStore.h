@@ -1,0 +1,103 @@
+// The study store: bertsweep's own tables (prefix bs_) in a study's SQLite file, beside Optuna's tables.
+// Only the controller writes; report/export read. WAL mode and a busy timeout let readers (optuna CLI,
+// `study status`) open the file while a study runs. Every write is its own transaction, so a finished
+// trial's rows survive the controller being killed at any moment.
+#pragma once
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+namespace SQLite { class Database; }
+
+namespace bs {
+
+// Trial states, spelled as Optuna spells them (TrialState names).
+namespace trial_state {
+constexpr const char* kRunning = "RUNNING";
+constexpr const char* kComplete = "COMPLETE";
+constexpr const char* kPruned = "PRUNED";
+constexpr const char* kFail = "FAIL";
+}  // namespace trial_state
+
+// One row of bs_trials: one run of one Optuna trial.
+struct TrialRecord {
+  int64_t number = -1;             // Optuna's trial number (unique within the study)
+  std::string state = trial_state::kRunning;
+  int64_t pid = 0;                 // the launched process (process group leader)
+  std::string host;
+  double start_time = 0;           // unix seconds
+  double end_time = 0;             // 0 while running
+  int exit_code = -1;              // -1: unknown / still running; 128+N: killed by signal N
+  std::string reason;              // why it failed or was pruned; empty when complete
+  std::string config_yaml;         // the resolved training config (what `study export` writes back)
+  std::string params_json;         // the sampled parameters, {"key.path": value, ...}
+  std::string trial_dir;           // studies/NAME/trials/NNNN
+  bool reached = false;            // target accuracy reached within the budget
+  std::optional<double> samples_to_target, seconds_to_target, final_mlm_accuracy;
+  std::vector<double> values;      // objective value(s) told to Optuna (empty unless COMPLETE)
+  int attempt = 1;                 // 1 + how many times these params were retried
+  int64_t retry_of = -1;           // the trial this one retries, or -1
+  bool retried = false;            // a retry of this failed trial was queued (its budget slot passed on)
+};
+
+struct EvalPoint {
+  int64_t trial = -1, step = 0, samples = 0;
+  double mlm_accuracy = 0, loss = 0, seconds = 0;
+};
+
+struct ThroughputPoint {
+  int64_t trial = -1, step = 0, samples = 0;
+  double samples_per_s = 0, tokens_per_s = 0, padding_waste = 0, imbalance = 0, overlap = 0, step_seconds = 0;
+};
+
+struct RankLoadPoint {
+  int64_t trial = -1, step = 0;
+  std::string json;                // the event line as written by the trainer (per-rank arrays)
+};
+
+class StudyStore {
+ public:
+  // Opens (creating when absent) the SQLite file and the bs_ tables.
+  explicit StudyStore(const std::string& db_path);
+  ~StudyStore();
+  StudyStore(const StudyStore&) = delete;
+  StudyStore& operator=(const StudyStore&) = delete;
+
+  const std::string& path() const { return path_; }
+
+  // bs_study: the study's name and its config as given (to check that a continued study is the same).
+  void save_study(const std::string& name, const std::string& config_yaml);
+  std::optional<std::string> study_config(const std::string& name) const;
+  std::vector<std::string> study_names() const;
+
+  // bs_environment: key/value facts of each controller session (versions, host, cores, git commit...).
+  // Returns the session number.
+  int64_t record_environment(const std::map<std::string, std::string>& facts);
+  std::map<std::string, std::string> environment(int64_t session = -1) const;  // -1: the latest
+
+  // bs_trials
+  void insert_trial(const TrialRecord& t);   // replaces a row with the same number
+  void update_trial(const TrialRecord& t);   // same as insert: the whole row is written
+  void mark_retried(int64_t number);
+  std::optional<TrialRecord> trial(int64_t number) const;
+  std::vector<TrialRecord> trials() const;   // by number
+  std::vector<TrialRecord> trials_in_state(const std::string& state) const;
+
+  // Curves
+  void add_eval(const EvalPoint& e);
+  void add_throughput(const ThroughputPoint& p);
+  void add_rank_load(const RankLoadPoint& p);
+  std::vector<EvalPoint> evals(int64_t trial = -1) const;            // -1: every trial
+  std::vector<ThroughputPoint> throughput(int64_t trial = -1) const;
+  std::vector<RankLoadPoint> rank_load(int64_t trial = -1) const;
+
+ private:
+  std::string path_;
+  std::unique_ptr<SQLite::Database> db_;
+};
+
+}  // namespace bs
