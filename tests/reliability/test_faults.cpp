@@ -39,7 +39,8 @@ void expect_no_running_and_intact(const std::string& db) {
 TEST(Faults, KilledAndHungTrialsFailWithReasonAndTheStudyGoesOn) {
   std::string dir = test::make_temp_dir("rel-trialkill");
   std::string db = dir + "/tk/study.db";
-  auto argv = test::smoke_study(dir, "tk", with(kLongTrials, {"n_trials=3", "trial_timeout=20"}));
+  // 60 s: long enough that a healthy trial on a busy 2-core CI machine is never mistaken for a hung one.
+  auto argv = test::smoke_study(dir, "tk", with(kLongTrials, {"n_trials=3", "trial_timeout=60"}));
   pid_t ctl = test::spawn(argv, dir + "/controller.log");
 
   auto running_with_eval = [&](int64_t n, std::size_t* evals, int64_t* pid) {
