@@ -190,18 +190,6 @@ void emit(const Field& f, YAML::Node& root) {
   }
 }
 
-// Deep merge: keys of `over` replace those of `base` (mappings merge, everything else replaces).
-// Nodes are shared, not cloned, so that their line marks survive for error messages.
-YAML::Node merge(YAML::Node base, const YAML::Node& over) {
-  if (!base.IsMap() || !over.IsMap()) return over;
-  for (const auto& kv : over) {
-    const std::string k = kv.first.Scalar();
-    if (base[k] && base[k].IsMap() && kv.second.IsMap()) base[k] = merge(base[k], kv.second);
-    else base[k] = kv.second;
-  }
-  return base;
-}
-
 // Follows `extends: path | [paths]` (relative to the including file).
 YAML::Node load_with_extends(const std::string& path, int depth) {
   if (depth > 8) throw ConfigError(path + ": `extends:` nests more than 8 levels (a cycle?)");
@@ -217,10 +205,10 @@ YAML::Node load_with_extends(const std::string& path, int depth) {
   YAML::Node merged(YAML::NodeType::Map);
   for (const auto& b : bases) {
     fs::path p = fs::path(path).parent_path() / b;
-    merged = merge(merged, load_with_extends(p.string(), depth + 1));
+    merged = yaml::merge(merged, load_with_extends(p.string(), depth + 1));
   }
   node.remove("extends");
-  return merge(merged, node);
+  return yaml::merge(merged, node);
 }
 
 const std::set<std::string>& one_of(const std::string& key) {
@@ -280,6 +268,28 @@ void set_path(YAML::Node& root, const std::string& assignment, const std::string
     walk(n[parts[i]], i + 1);
   };
   walk(root, 0);
+}
+
+YAML::Node merge(YAML::Node base, const YAML::Node& over) {
+  if (!base.IsMap() || !over.IsMap()) return over;
+  for (const auto& kv : over) {
+    const std::string k = kv.first.Scalar();
+    if (base[k] && base[k].IsMap() && kv.second.IsMap()) base[k] = merge(base[k], kv.second);
+    else base[k] = kv.second;
+  }
+  return base;
+}
+
+std::string scalar_at(const YAML::Node& root, const std::string& dotted_key) {
+  // A clone: assigning to a yaml-cpp node writes through to the tree it came from.
+  YAML::Node n = YAML::Clone(root);
+  std::stringstream ss(dotted_key);
+  for (std::string part; std::getline(ss, part, '.');) {
+    if (!n.IsMap()) return "";
+    n = n[part];
+    if (!n) return "";
+  }
+  return n.IsScalar() ? n.Scalar() : "";
 }
 
 }  // namespace yaml

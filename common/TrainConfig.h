@@ -129,6 +129,11 @@ YAML::Node load_file(const std::string& path);
 void set_path(YAML::Node& root, const std::string& assignment, const std::string& source);
 // "file:line" for a node, or just the file when the node has no mark.
 std::string where(const YAML::Node& node, const std::string& source);
+// Deep merge: keys of `over` replace those of `base` (mappings merge key by key, anything else replaces).
+// Nodes are shared, not cloned, so that their line marks survive for error messages.
+YAML::Node merge(YAML::Node base, const YAML::Node& over);
+// The scalar at a dotted key path (`optimizer.lr`), or "" when the path is missing or not a scalar.
+std::string scalar_at(const YAML::Node& root, const std::string& dotted_key);
 }  // namespace yaml
 
 }  // namespace bs

@@ -46,14 +46,7 @@ std::string hostname() {
 
 std::string value_at(const std::string& yaml_text, const std::string& key) {
   try {
-    YAML::Node n = YAML::Load(yaml_text);
-    std::stringstream ss(key);
-    for (std::string part; std::getline(ss, part, '.');) {
-      if (!n.IsMap()) return "";
-      n = n[part];
-      if (!n) return "";
-    }
-    return n.IsScalar() ? n.Scalar() : "";
+    return yaml::scalar_at(YAML::Load(yaml_text), key);
   } catch (...) {
     return "";
   }

@@ -59,16 +59,7 @@ void read_range(const YAML::Node& n, SpaceParam& p, const std::string& kind, con
                       ") > high (" + to_string(p.high) + "); swap them");
 }
 
-std::string text_at(const YAML::Node& root, const std::string& key) {
-  YAML::Node n = YAML::Clone(root);
-  std::stringstream ss(key);
-  for (std::string part; std::getline(ss, part, '.');) {
-    if (!n.IsMap()) return "";
-    n = n[part];
-    if (!n) return "";
-  }
-  return n.IsScalar() ? n.Scalar() : "";
-}
+std::string text_at(const YAML::Node& root, const std::string& key) { return yaml::scalar_at(root, key); }
 
 double number_at(const YAML::Node& root, const std::string& key, const std::string& source) {
   double v;

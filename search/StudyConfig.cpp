@@ -15,17 +15,6 @@ using yaml::where;
 
 namespace {
 
-// Deep merge: mappings merge key by key, anything else in `over` replaces.
-YAML::Node merge(YAML::Node base, const YAML::Node& over) {
-  if (!base.IsMap() || !over.IsMap()) return over;
-  for (const auto& kv : over) {
-    const std::string k = kv.first.Scalar();
-    if (base[k] && base[k].IsMap() && kv.second.IsMap()) base[k] = merge(base[k], kv.second);
-    else base[k] = kv.second;
-  }
-  return base;
-}
-
 std::vector<std::string> string_or_list(const YAML::Node& n, const std::string& key, const std::string& source) {
   std::vector<std::string> out;
   if (n.IsScalar()) out.push_back(n.Scalar());
@@ -196,10 +185,10 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
       throw ConfigError(where(node["base"], source) + ": 'base' must be a training config mapping");
     if (YAML::Node ext = inline_base["extends"]) {
       for (const auto& e : string_or_list(ext, "base.extends", source))
-        base = merge(base, TrainConfig::load((dir / e).string()).to_yaml());
+        base = yaml::merge(base, TrainConfig::load((dir / e).string()).to_yaml());
       inline_base.remove("extends");
     }
-    base = merge(base, inline_base);
+    base = yaml::merge(base, inline_base);
   }
   c.base_yaml = TrainConfig::from_yaml(base, base_source, base_sets).to_yaml_string();
 
@@ -252,53 +241,54 @@ void emit_list(YAML::Emitter& out, const std::vector<std::string>& v) {
 }
 }  // namespace
 
-std::string StudyConfig::identity() const {
-  YAML::Emitter out;
+// One emitter for both views so that they cannot drift apart: `full` adds what may change between runs of
+// the same study (name, budgets, launcher); without it, what defines the study (identity()).
+void StudyConfig::emit(YAML::Emitter& out, bool full) const {
   out << YAML::BeginMap;
+  if (full) out << YAML::Key << "name" << YAML::Value << name;
   out << YAML::Key << "objective" << YAML::Value;
   emit_list(out, objectives);
   out << YAML::Key << "direction" << YAML::Value;
   emit_list(out, directions);
   out << YAML::Key << "sampler" << YAML::Value << sampler;
   out << YAML::Key << "pruner" << YAML::Value << pruner;
+  if (full) {
+    out << YAML::Key << "n_trials" << YAML::Value << n_trials;
+    out << YAML::Key << "parallel" << YAML::Value << parallel;
+  }
   out << YAML::Key << "seed" << YAML::Value << seed;
+  if (full) {
+    out << YAML::Key << "retry_failed" << YAML::Value << retry_failed;
+    out << YAML::Key << "trial_timeout" << YAML::Value << trial_timeout;
+  }
   out << YAML::Key << "base" << YAML::Value << YAML::Load(base_yaml);
   if (!space_yaml_.empty()) out << YAML::Key << "space" << YAML::Value << YAML::Load(space_yaml_);
   if (!derived_yaml_.empty()) out << YAML::Key << "derived" << YAML::Value << YAML::Load(derived_yaml_);
+  if (full) {
+    out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
+    out << YAML::Key << "kind" << YAML::Value << launcher.kind;
+    out << YAML::Key << "ranks" << YAML::Value << launcher.ranks;
+    if (!launcher.hostfile.empty()) out << YAML::Key << "hostfile" << YAML::Value << launcher.hostfile;
+    if (!launcher.extra_args.empty()) {
+      out << YAML::Key << "extra_args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (const auto& a : launcher.extra_args) out << a;
+      out << YAML::EndSeq;
+    }
+    out << YAML::EndMap;
+  }
   out << YAML::EndMap;
+}
+
+std::string StudyConfig::identity() const {
+  YAML::Emitter out;
+  emit(out, false);
   return std::string(out.c_str()) + "\n";
 }
 
 std::string StudyConfig::to_yaml_string() const {
   YAML::Emitter out;
   out.SetDoublePrecision(17);
-  out << YAML::BeginMap;
-  out << YAML::Key << "name" << YAML::Value << name;
-  out << YAML::Key << "objective" << YAML::Value;
-  emit_list(out, objectives);
-  out << YAML::Key << "direction" << YAML::Value;
-  emit_list(out, directions);
-  out << YAML::Key << "sampler" << YAML::Value << sampler;
-  out << YAML::Key << "pruner" << YAML::Value << pruner;
-  out << YAML::Key << "n_trials" << YAML::Value << n_trials;
-  out << YAML::Key << "parallel" << YAML::Value << parallel;
-  out << YAML::Key << "seed" << YAML::Value << seed;
-  out << YAML::Key << "retry_failed" << YAML::Value << retry_failed;
-  out << YAML::Key << "trial_timeout" << YAML::Value << trial_timeout;
-  out << YAML::Key << "base" << YAML::Value << YAML::Load(base_yaml);
-  if (!space_yaml_.empty()) out << YAML::Key << "space" << YAML::Value << YAML::Load(space_yaml_);
-  if (!derived_yaml_.empty()) out << YAML::Key << "derived" << YAML::Value << YAML::Load(derived_yaml_);
-  out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
-  out << YAML::Key << "kind" << YAML::Value << launcher.kind;
-  out << YAML::Key << "ranks" << YAML::Value << launcher.ranks;
-  if (!launcher.hostfile.empty()) out << YAML::Key << "hostfile" << YAML::Value << launcher.hostfile;
-  if (!launcher.extra_args.empty()) {
-    out << YAML::Key << "extra_args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
-    for (const auto& a : launcher.extra_args) out << a;
-    out << YAML::EndSeq;
-  }
-  out << YAML::EndMap;
-  out << YAML::EndMap;
+  emit(out, true);
   return std::string(out.c_str()) + "\n";
 }
 

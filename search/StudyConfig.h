@@ -7,7 +7,10 @@
 
 #include "search/SearchSpace.h"
 
-namespace YAML { class Node; }
+namespace YAML {
+class Emitter;
+class Node;
+}  // namespace YAML
 
 namespace bs::search {
 
@@ -52,6 +55,7 @@ struct StudyConfig {
   YAML::Node base() const;
 
  private:
+  void emit(YAML::Emitter& out, bool full) const;
   std::string space_yaml_, derived_yaml_;  // as written, for to_yaml_string()
 };
 

@@ -1,6 +1,7 @@
 #include "studies/StudyStore.h"
 
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <SQLiteCpp/VariadicBind.h>
 
 #include <sstream>
 #include <stdexcept>
@@ -256,12 +257,7 @@ std::vector<TrialRecord> StudyStore::trials_in_state(const std::string& state) c
 void StudyStore::add_eval(const EvalPoint& e) {
   SQLite::Statement s(*db_,
                       "INSERT INTO bs_evals(trial, step, samples, mlm_accuracy, loss, seconds) VALUES (?,?,?,?,?,?)");
-  s.bind(1, e.trial);
-  s.bind(2, e.step);
-  s.bind(3, e.samples);
-  s.bind(4, e.mlm_accuracy);
-  s.bind(5, e.loss);
-  s.bind(6, e.seconds);
+  SQLite::bind(s, e.trial, e.step, e.samples, e.mlm_accuracy, e.loss, e.seconds);
   s.exec();
 }
 
@@ -269,23 +265,14 @@ void StudyStore::add_throughput(const ThroughputPoint& p) {
   SQLite::Statement s(*db_,
                       "INSERT INTO bs_throughput(trial, step, samples, samples_per_s, tokens_per_s, padding_waste, "
                       "imbalance, overlap, step_seconds) VALUES (?,?,?,?,?,?,?,?,?)");
-  s.bind(1, p.trial);
-  s.bind(2, p.step);
-  s.bind(3, p.samples);
-  s.bind(4, p.samples_per_s);
-  s.bind(5, p.tokens_per_s);
-  s.bind(6, p.padding_waste);
-  s.bind(7, p.imbalance);
-  s.bind(8, p.overlap);
-  s.bind(9, p.step_seconds);
+  SQLite::bind(s, p.trial, p.step, p.samples, p.samples_per_s, p.tokens_per_s, p.padding_waste, p.imbalance,
+               p.overlap, p.step_seconds);
   s.exec();
 }
 
 void StudyStore::add_rank_load(const RankLoadPoint& p) {
   SQLite::Statement s(*db_, "INSERT INTO bs_rank_load(trial, step, json) VALUES (?,?,?)");
-  s.bind(1, p.trial);
-  s.bind(2, p.step);
-  s.bind(3, p.json);
+  SQLite::bind(s, p.trial, p.step, p.json);
   s.exec();
 }
 

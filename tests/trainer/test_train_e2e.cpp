@@ -70,31 +70,36 @@ double frequency_baseline() {
 
 }  // namespace
 
-TEST(TrainE2E, LearnsTheUnigramDistributionAndSpeaksTheProtocol) {
+TEST(TrainE2E, LearnsFromContextAndSpeaksTheProtocol) {
   auto dir = bs::test::make_temp_dir("train");
   auto mllog = dir + "/mllog.txt";
-  auto r = run({bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set", "log.mllog=" + mllog,
-                "--events", "stdout"});
+  // No dropout, lr 0.001 held near its peak (the schedule spans 3000 steps, the run 250): measured on this
+  // data, bert-tiny leaves the unigram plateau at step ~100-150 with these settings for seeds 3, 4 and 5
+  // (0.071 and 0.075 at 8000 samples for seeds 4 and 5), while a poly decay over the short run, or
+  // lr >= 0.002, can keep it on the plateau for the whole run.
+  auto r = run({bs::test::bertsweep_bin(), "train", "--config",
+                tiny_config(dir), "--set", "log.mllog=" + mllog, "--set", "model.dropout=0.0", "--set",
+                "optimizer.lr=0.001", "--set", "schedule.total_steps=3000", "--set", "schedule.warmup_fraction=0.01",
+                "--set", "target.max_samples=8000", "--events", "stdout"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto evals = events_of(r.out, "eval");
-  ASSERT_EQ(evals.size(), 4u) << r.out;
+  ASSERT_EQ(evals.size(), 5u) << r.out;
   const double first_loss = std::stod(evals.front()["loss"]), last_loss = std::stod(evals.back()["loss"]);
   const double acc = std::stod(evals.back()["mlm_accuracy"]);
   const double base = frequency_baseline();
   EXPECT_LT(last_loss, first_loss) << "eval loss must decrease";
-  // What 6400 samples of bert-tiny reliably learn on Brown: the unigram distribution (an untrained model
-  // sits at ln(vocab) with ~0 accuracy). Measured: eval loss 6.9 vs unigram cross-entropy 6.76 and
-  // accuracy at the most-common-token baseline; context learning needs longer runs (see issue notes).
-  const double uniform_loss = std::log(4000.0);
-  EXPECT_LT(last_loss, uniform_loss - 1.0) << "eval loss must fall well below the untrained ln(vocab)";
-  EXPECT_GT(acc, 0.9 * base) << "final accuracy " << acc << " vs most-common-token baseline " << base;
+  EXPECT_LT(last_loss, std::log(4000.0) - 1.0) << "eval loss must fall well below the untrained ln(vocab)";
+  // No predictor that ignores the context beats always answering the most common token (top-1 accuracy of
+  // any fixed distribution is at most the largest label frequency), so accuracy well above that baseline
+  // is learning from context.
+  EXPECT_GT(acc, 1.5 * base) << "final accuracy " << acc << " vs most-common-token baseline " << base;
   auto thr = events_of(r.out, "throughput");
   ASSERT_FALSE(thr.empty());
   EXPECT_GT(std::stod(thr.back()["tokens_per_s"]), 0);
   auto done = events_of(r.out, "done");
   ASSERT_EQ(done.size(), 1u);
   EXPECT_EQ(done[0]["reached"], "false");  // target 0.99 is out of reach: budget spent, not reached
-  EXPECT_EQ(done[0]["samples"], "6400");
+  EXPECT_EQ(done[0]["samples"], "8000");
   std::ifstream in(mllog);
   std::string log((std::istreambuf_iterator<char>(in)), {});
   for (const char* key : {"\"run_start\"", "\"run_stop\"", "\"eval_accuracy\"", "\"global_batch_size\"",
