@@ -32,7 +32,7 @@ const char* kHead = "name: t\nbase: {batch: {global: 64, micro: 16}}\nspace:\n";
 }  // namespace
 
 TEST(SearchSpace, ReadsTheShippedStudyConfigs) {
-  for (std::string f : {"demo.yaml", "smoke.yaml"}) {
+  for (std::string f : {"demo.yaml", "smoke.yaml", "adam-vs-lamb.yaml"}) {
     StudyConfig c = StudyConfig::load(test::source_dir() + "/configs/studies/" + f);
     EXPECT_FALSE(c.space.empty()) << f;
     EXPECT_EQ(c.objectives[0], "samples_to_target");
