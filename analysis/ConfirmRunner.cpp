@@ -69,10 +69,26 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
   const std::string db = existing_study_db(o.dir, o.study);
   StudyStore store(db);
   const auto objective = StudyObjective::of_study(store, o.study);
-  const auto best = best_per_optimizer(store.trials(), objective);
-  if (best.empty())
+  const auto candidates = o.per_batch ? best_per_optimizer_and_batch(store.trials(), objective)
+                                      : best_per_optimizer(store.trials(), objective);
+  if (candidates.empty())
     throw StudyError("study '" + o.study + "' (" + db + ") has no COMPLETE trial to confirm yet " +
                      "(see bertsweep study status " + o.study + ")");
+  // A best trial that never reached the target has no samples-to-target to confirm; re-running it with
+  // more seeds would only spend max_samples each. Metric objectives without a target keep every trial.
+  std::vector<TrialRecord> best;
+  for (const auto& t : candidates) {
+    if (objective.metric == "final_mlm_accuracy" || t.reached || o.include_unreached) {
+      best.push_back(t);
+    } else if (!o.quiet) {
+      progress << "study confirm " << o.study << ": skipping " << trial_optimizer(t)
+               << (o.per_batch ? " batch " + std::to_string(trial_batch(t)) : std::string()) << ": its best trial "
+               << t.number << " did not reach the target (--include-unreached runs it anyway)\n";
+    }
+  }
+  if (best.empty())
+    throw StudyError("study '" + o.study + "': no trial reached the target yet, so there is no samples-to-target " +
+                     "to confirm (run more trials, or pass --include-unreached)");
   const auto launcher = study_launcher(store, o.study);
 
   ConfirmStore confirm(db, /*writable=*/true);
@@ -89,7 +105,9 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
       p.run.optimizer = trial_optimizer(t);
       p.run.source_trial = t.number;
       p.run.seed = seed;
-      p.run_dir = (session_dir / (p.run.optimizer + "-seed" + std::to_string(seed))).string();
+      p.run.batch = trial_batch(t);
+      p.run_dir = (session_dir / (p.run.optimizer + "-b" + std::to_string(p.run.batch) + "-seed" +
+                                  std::to_string(seed))).string();
       fs::create_directories(p.run_dir);
       p.config_path = p.run_dir + "/config.yaml";
       std::ofstream(p.config_path) << cfg;
@@ -104,7 +122,8 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
   const int cores = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
   const int threads = std::max(1, cores / parallel);
   if (!o.quiet)
-    progress << "study confirm " << o.study << ": " << best.size() << " optimizer(s) x " << o.seeds.size()
+    progress << "study confirm " << o.study << ": " << best.size()
+             << (o.per_batch ? " (optimizer, batch) pair(s) x " : " optimizer(s) x ") << o.seeds.size()
              << " seed(s), " << parallel << " at a time, " << threads << " threads each (session "
              << result.session << ")\n";
 
@@ -128,7 +147,8 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
         confirm.add(it->run);
         result.runs.push_back(it->run);
         if (!o.quiet)
-          progress << "  [" << result.runs.size() << "/" << total << "] " << it->run.optimizer << " seed "
+          progress << "  [" << result.runs.size() << "/" << total << "] " << it->run.optimizer << " batch "
+                   << it->run.batch << " seed "
                    << it->run.seed << ": " << search::describe_exit(*code) << ", "
                    << (it->run.reached && it->run.samples_to_target
                            ? "target reached after " + format_number(*it->run.samples_to_target) + " samples"
@@ -150,11 +170,11 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
 
 std::string confirm_summary_text(const std::vector<ConfirmSummary>& summary) {
   std::ostringstream os;
-  os << "optimizer    trial  runs  reached  samples to target (mean +- std)\n";
+  os << "optimizer    batch  trial  runs  reached  samples to target (mean +- std)\n";
   for (const auto& s : summary) {
-    char head[128];
-    std::snprintf(head, sizeof head, "%-12s %5lld %5d %8d  ", s.optimizer.c_str(),
-                  static_cast<long long>(s.source_trial), s.runs, s.reached);
+    char head[160];
+    std::snprintf(head, sizeof head, "%-12s %5lld  %5lld %5d %8d  ", s.optimizer.c_str(),
+                  static_cast<long long>(s.batch), static_cast<long long>(s.source_trial), s.runs, s.reached);
     os << head
        << (s.samples.n ? format_number(s.samples.mean) + " +- " + format_number(s.samples.std) : std::string("-"))
        << "\n";

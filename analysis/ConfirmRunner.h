@@ -1,4 +1,5 @@
-// `study confirm`: re-runs the best config of each optimizer with several seeds (`bertsweep train
+// `study confirm`: re-runs the best config of each optimizer (or of each optimizer and batch size) with
+// several seeds (`bertsweep train
 // --config <cfg> --set seed=S --events fd:3 --quiet` as child processes, through search/TrialLauncher),
 // stores each run in bs_confirm and summarises samples to target per optimizer (mean +- std).
 #pragma once
@@ -15,7 +16,9 @@ struct ConfirmOptions {
   std::string dir = "studies";
   std::string study;
   std::string trainer_exe;            // the bertsweep executable that runs `train`
-  std::vector<int64_t> seeds;         // one run per optimizer and seed
+  std::vector<int64_t> seeds;         // one run per optimizer (and batch) and seed
+  bool per_batch = false;             // the best trial of every (optimizer, batch.global), not per optimizer
+  bool include_unreached = false;     // also re-run best trials that never reached the target
   int parallel = 1;                   // runs at a time; each gets cores/parallel threads
   std::vector<std::string> sets;      // key=value overrides applied to every exported config
   bool quiet = false;
@@ -30,7 +33,7 @@ struct ConfirmResult {
 // Throws StudyError for an unknown study or one without a COMPLETE trial. Progress goes to `progress`.
 ConfirmResult run_confirm(const ConfirmOptions& options, std::ostream& progress);
 
-// The summary as a text table (one line per optimizer: mean +- std of samples to target).
+// The summary as a text table (one line per optimizer and batch: mean +- std of samples to target).
 std::string confirm_summary_text(const std::vector<ConfirmSummary>& summary);
 
 }  // namespace bs::analysis

@@ -2,6 +2,7 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
+#include <algorithm>
 #include <map>
 #include <stdexcept>
 
@@ -21,9 +22,32 @@ CREATE TABLE IF NOT EXISTS bs_confirm (
   final_mlm_accuracy REAL,
   config_yaml TEXT NOT NULL,
   log_path TEXT,
-  PRIMARY KEY (session, optimizer, seed)
+  batch INTEGER NOT NULL DEFAULT 0,
+  PRIMARY KEY (session, optimizer, batch, seed)
 );
 )SQL";
+
+bool has_column(SQLite::Database& db, const char* table, const char* column) {
+  SQLite::Statement q(db, std::string("PRAGMA table_info(") + table + ")");
+  while (q.executeStep())
+    if (q.getColumn(1).getString() == column) return true;
+  return false;
+}
+
+// Tables made before confirm runs recorded their batch have the key (session, optimizer, seed): a per-batch
+// session would overwrite its own runs there, so the table is rebuilt with the batch in the key, all rows
+// kept (batch 0), in one transaction.
+void migrate_add_batch(SQLite::Database& db) {
+  SQLite::Transaction tx(db);
+  db.exec("ALTER TABLE bs_confirm RENAME TO bs_confirm_v1");
+  db.exec(kSchema);
+  db.exec("INSERT INTO bs_confirm(session, optimizer, source_trial, seed, exit_code, reached, samples_to_target, "
+          "seconds_to_target, final_mlm_accuracy, config_yaml, log_path, batch) SELECT session, optimizer, "
+          "source_trial, seed, exit_code, reached, samples_to_target, seconds_to_target, final_mlm_accuracy, "
+          "config_yaml, log_path, 0 FROM bs_confirm_v1");
+  db.exec("DROP TABLE bs_confirm_v1");
+  tx.commit();
+}
 
 std::optional<double> opt(const SQLite::Column& c) {
   if (c.isNull()) return std::nullopt;
@@ -40,11 +64,13 @@ ConfirmStore::ConfirmStore(const std::string& db_path, bool writable) {
     db_ = std::make_unique<SQLite::Database>(db_path, writable ? SQLite::OPEN_READWRITE : SQLite::OPEN_READONLY,
                                              /*busy timeout ms=*/30000);
     if (writable) {
+      if (db_->tableExists("bs_confirm") && !has_column(*db_, "bs_confirm", "batch")) migrate_add_batch(*db_);
       db_->exec(kSchema);
       has_table_ = true;
     } else {
       has_table_ = db_->tableExists("bs_confirm");
     }
+    has_batch_ = has_table_ && has_column(*db_, "bs_confirm", "batch");
   } catch (const SQLite::Exception& e) {
     throw std::runtime_error(db_path + ": cannot open the study database for the confirm table: " + e.what());
   }
@@ -63,8 +89,8 @@ void ConfirmStore::add(const ConfirmRun& r) {
   if (!has_table_) throw std::logic_error("ConfirmStore::add on a read-only store");
   SQLite::Statement s(*db_,
                       "INSERT OR REPLACE INTO bs_confirm(session, optimizer, source_trial, seed, exit_code, reached, "
-                      "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path) "
-                      "VALUES (?,?,?,?,?,?,?,?,?,?,?)");
+                      "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path, batch) "
+                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
   s.bind(1, r.session);
   s.bind(2, r.optimizer);
   s.bind(3, r.source_trial);
@@ -76,6 +102,7 @@ void ConfirmStore::add(const ConfirmRun& r) {
   bind_opt(s, 9, r.final_mlm_accuracy);
   s.bind(10, r.config_yaml);
   s.bind(11, r.log_path);
+  s.bind(12, r.batch);
   s.exec();
 }
 
@@ -83,9 +110,9 @@ std::vector<ConfirmRun> ConfirmStore::runs() const {
   std::vector<ConfirmRun> out;
   if (!has_table_) return out;
   SQLite::Statement q(*db_,
-                      "SELECT session, optimizer, source_trial, seed, exit_code, reached, samples_to_target, "
-                      "seconds_to_target, final_mlm_accuracy, config_yaml, log_path FROM bs_confirm "
-                      "ORDER BY session, optimizer, seed");
+                      std::string("SELECT session, optimizer, source_trial, seed, exit_code, reached, "
+                                  "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path, ") +
+                          (has_batch_ ? "batch" : "0") + " FROM bs_confirm ORDER BY session, optimizer, 12, seed");
   while (q.executeStep()) {
     ConfirmRun r;
     r.session = q.getColumn(0).getInt64();
@@ -99,31 +126,38 @@ std::vector<ConfirmRun> ConfirmStore::runs() const {
     r.final_mlm_accuracy = opt(q.getColumn(8));
     r.config_yaml = q.getColumn(9).getString();
     r.log_path = q.getColumn(10).getString();
+    r.batch = q.getColumn(11).getInt64();
     out.push_back(r);
   }
   return out;
 }
 
 std::vector<ConfirmSummary> summarize_confirm(const std::vector<ConfirmRun>& runs) {
-  std::map<std::string, int64_t> latest;
-  for (const auto& r : runs) latest[r.optimizer] = std::max(latest[r.optimizer], r.session);
-  std::map<std::string, ConfirmSummary> by_opt;
-  std::map<std::string, std::vector<double>> samples;
+  using Key = std::pair<std::string, int64_t>;
+  std::map<Key, int64_t> latest;
   for (const auto& r : runs) {
-    if (r.session != latest[r.optimizer]) continue;
-    ConfirmSummary& s = by_opt[r.optimizer];
+    auto& l = latest[{r.optimizer, r.batch}];
+    l = std::max(l, r.session);
+  }
+  std::map<Key, ConfirmSummary> groups;
+  std::map<Key, std::vector<double>> samples;
+  for (const auto& r : runs) {
+    const Key key{r.optimizer, r.batch};
+    if (r.session != latest[key]) continue;
+    ConfirmSummary& s = groups[key];
     s.optimizer = r.optimizer;
+    s.batch = r.batch;
     s.source_trial = r.source_trial;
     s.session = r.session;
     ++s.runs;
     if (r.reached && r.samples_to_target) {
       ++s.reached;
-      samples[r.optimizer].push_back(*r.samples_to_target);
+      samples[key].push_back(*r.samples_to_target);
     }
   }
   std::vector<ConfirmSummary> out;
-  for (auto& [opt, s] : by_opt) {
-    s.samples = stats_of(samples[opt], true);
+  for (auto& [key, s] : groups) {
+    s.samples = stats_of(samples[key], true);
     out.push_back(s);
   }
   return out;

@@ -1,5 +1,5 @@
 // `study confirm` results: table bs_confirm in the study's SQLite file, written only by `study confirm`.
-// Each invocation is a session; summaries use the latest session of each optimizer.
+// Each invocation is a session; summaries use the latest session of each (optimizer, batch size).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -23,6 +23,7 @@ struct ConfirmRun {
   std::optional<double> samples_to_target, seconds_to_target, final_mlm_accuracy;
   std::string config_yaml;         // exactly what was trained (the trial's config with the seed)
   std::string log_path;            // the run's stdout/stderr
+  int64_t batch = 0;               // global batch of the run (0: recorded before batches were stored)
 };
 
 class ConfirmStore {
@@ -38,11 +39,14 @@ class ConfirmStore {
  private:
   std::unique_ptr<SQLite::Database> db_;
   bool has_table_ = false;
+  bool has_batch_ = false;  // files written before the batch column read as batch 0
 };
 
-// Mean +- std of samples to target per optimizer over the runs that reached the target (latest session).
+// Mean +- std of samples to target per (optimizer, batch) over the runs that reached the target, from the
+// latest session that ran that pair.
 struct ConfirmSummary {
   std::string optimizer;
+  int64_t batch = 0;
   int64_t source_trial = -1, session = 0;
   int runs = 0, reached = 0;
   Stats samples;

@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 
 #include "analysis/ConfirmStore.h"
@@ -161,6 +162,27 @@ void study_section(Document& doc, const std::string& name, const std::string& di
              "std", "best trial"},
             rows);
 
+  // Tuned per batch size (the paper's question): what each cell's best trial chose.
+  const auto cells = best_per_optimizer_and_batch(trials, objective);
+  if (cells.size() > best_per_optimizer(trials, objective).size()) {
+    doc.heading(3, "Best trial per optimizer and batch size");
+    doc.para("The hyperparameters each (optimizer, batch) cell's best trial chose; `study confirm --per-batch` "
+             "re-runs these with several seeds.");
+    rows.clear();
+    auto key = [](const TrialRecord& t, const char* k) {
+      try {
+        return format_number(std::stod(config_value(t.config_yaml, k)));
+      } catch (const std::exception&) {
+        return std::string("-");
+      }
+    };
+    for (const auto& t : cells)
+      rows.push_back({trial_optimizer(t), std::to_string(trial_batch(t)), std::to_string(t.number),
+                      key(t, "optimizer.lr"), key(t, "optimizer.beta2"), key(t, "schedule.warmup_steps"),
+                      t.reached ? "yes" : "no", opt_num(t.samples_to_target)});
+    doc.table({"optimizer", "batch", "trial", "lr", "beta2", "warmup steps", "reached", "samples to target"}, rows);
+  }
+
   doc.heading(3, "Best trial per optimizer");
   const auto best = best_per_optimizer(trials, objective);
   rows.clear();
@@ -237,25 +259,46 @@ void study_section(Document& doc, const std::string& name, const std::string& di
   const auto runs = confirm.runs();
   if (!runs.empty()) {
     doc.heading(3, "Confirmation runs (study confirm)");
-    doc.para("The best config of each optimizer re-run with several seeds: samples to target over the seeds "
-             "that reached the target (latest confirm session).");
+    doc.para("The best config of each optimizer (or of each optimizer and batch size, `study confirm "
+             "--per-batch`) re-run with several seeds: samples to target over the seeds that reached the target "
+             "(latest confirm session of each pair; batch 0 = a run recorded before batches were stored).");
     rows.clear();
     std::vector<std::pair<std::string, std::vector<double>>> groups;
+    std::map<std::string, BatchSeries> series;
     const auto summary = summarize_confirm(runs);
     for (const auto& s : summary) {
-      rows.push_back({s.optimizer, std::to_string(s.source_trial), std::to_string(s.runs), std::to_string(s.reached),
+      rows.push_back({s.optimizer, std::to_string(s.batch), std::to_string(s.source_trial), std::to_string(s.runs),
+                      std::to_string(s.reached),
                       s.samples.n ? format_number(s.samples.mean) + " +- " + format_number(s.samples.std) : "-",
                       s.samples.n ? format_number(s.samples.min) : "-",
                       s.samples.n ? format_number(s.samples.max) : "-"});
       std::vector<double> xs;
       for (const auto& r : runs)
-        if (r.optimizer == s.optimizer && r.session == s.session && r.reached && r.samples_to_target)
+        if (r.optimizer == s.optimizer && r.batch == s.batch && r.session == s.session && r.reached &&
+            r.samples_to_target)
           xs.push_back(*r.samples_to_target);
-      groups.emplace_back(s.optimizer, xs);
+      groups.emplace_back(s.batch > 0 ? s.optimizer + " b" + std::to_string(s.batch) : s.optimizer, xs);
+      if (s.samples.n > 0 && s.batch > 0) {
+        BatchSeries& b = series[s.optimizer];
+        b.optimizer = s.optimizer;
+        b.batch.push_back(static_cast<double>(s.batch));
+        b.mean.push_back(s.samples.mean);
+        b.std.push_back(s.samples.std);
+        b.reached.push_back(s.reached);
+      }
     }
-    doc.table({"optimizer", "source trial", "runs", "reached", "samples mean +- std", "min", "max"}, rows);
-    plot_confirm(written(png("confirm")), groups, name + ": samples to target over seeds");
-    doc.image(png("confirm"), "samples to target per optimizer over seeds");
+    doc.table({"optimizer", "batch", "source trial", "runs", "reached", "samples mean +- std", "min", "max"}, rows);
+    bool several_batches = false;
+    for (const auto& [opt, b] : series) several_batches = several_batches || b.batch.size() > 1;
+    if (several_batches) {
+      std::vector<BatchSeries> list;
+      for (auto& [opt, b] : series) list.push_back(b);
+      plot_confirm_vs_batch(written(png("confirm")), list, name + ": samples to target vs batch size over seeds");
+      doc.image(png("confirm"), "samples to target vs batch size per optimizer, mean +- std over seeds");
+    } else {
+      plot_confirm(written(png("confirm")), groups, name + ": samples to target over seeds");
+      doc.image(png("confirm"), "samples to target per optimizer over seeds");
+    }
   }
 
   doc.heading(3, "Environment");

@@ -96,6 +96,14 @@ void plot_confirm(const std::string& png, const std::vector<std::pair<std::strin
   });
 }
 
+void plot_confirm_vs_batch(const std::string& png, const std::vector<BatchSeries>& series, const std::string& title) {
+  guarded("confirm_vs_batch", [&] {
+    py::list ss;
+    for (const auto& s : series) ss.append(py::make_tuple(s.optimizer, s.batch, s.mean, s.std, s.reached));
+    plots_module().attr("confirm_vs_batch")(png, ss, title);
+  });
+}
+
 Importance param_importance(const std::string& db_path, const std::string& study_name, const std::string& png,
                             const std::string& title) {
   return guarded("importance", [&] {

@@ -29,6 +29,13 @@ void plot_history(const std::string& png, const std::vector<HistoryPoint>& histo
                   const std::string& title);
 void plot_confirm(const std::string& png, const std::vector<std::pair<std::string, std::vector<double>>>& groups,
                   const std::string& title);
+struct BatchSeries {
+  std::string optimizer;
+  std::vector<double> batch, mean, std;
+  std::vector<int> reached;  // runs behind each mean
+};
+// Samples to target vs batch size per optimizer, error bars of one standard deviation.
+void plot_confirm_vs_batch(const std::string& png, const std::vector<BatchSeries>& series, const std::string& title);
 // Optuna's importances of the study stored in db_path (opened read-only, no table created); the bar chart
 // goes to png only when they are available.
 Importance param_importance(const std::string& db_path, const std::string& study_name, const std::string& png,

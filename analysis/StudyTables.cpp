@@ -140,6 +140,15 @@ std::vector<TrialRecord> best_per_optimizer(const std::vector<TrialRecord>& tria
   return out;
 }
 
+std::vector<TrialRecord> best_per_optimizer_and_batch(const std::vector<TrialRecord>& trials,
+                                                      const StudyObjective& objective) {
+  std::map<std::pair<std::string, int64_t>, TrialRecord> best;
+  for (const auto& t : rank_trials(trials, objective)) best.emplace(std::make_pair(trial_optimizer(t), trial_batch(t)), t);
+  std::vector<TrialRecord> out;
+  for (auto& kv : best) out.push_back(kv.second);
+  return out;
+}
+
 std::vector<HistoryPoint> optimization_history(const std::vector<TrialRecord>& trials, const StudyObjective& objective) {
   std::vector<HistoryPoint> out;
   std::optional<double> best;

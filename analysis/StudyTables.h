@@ -50,6 +50,9 @@ std::vector<ParetoPoint> pareto_front(const std::vector<TrialRecord>& trials);
 
 // The best trial (rank_trials order) of each optimizer, by optimizer name.
 std::vector<TrialRecord> best_per_optimizer(const std::vector<TrialRecord>& trials, const StudyObjective& objective);
+// The same per (optimizer, batch.global) pair, ordered by optimizer then batch.
+std::vector<TrialRecord> best_per_optimizer_and_batch(const std::vector<TrialRecord>& trials,
+                                                      const StudyObjective& objective);
 
 // Per finished trial in number order: its objective value (COMPLETE only) and the best value so far.
 struct HistoryPoint {

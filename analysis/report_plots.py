@@ -98,6 +98,26 @@ def confirm(path, groups, title):
     _save(fig, path)
 
 
+def confirm_vs_batch(path, series, title):
+    """series: [(optimizer, [batch], [mean], [std], [runs that reached])]; one line per optimizer with error
+    bars of one standard deviation over the seeds; x on a log2 scale."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, batches, means, stds, ns in series:
+        if not batches:
+            continue
+        ax.errorbar(batches, means, yerr=stds, marker="o", capsize=4, label=name)
+        for b, m, n in zip(batches, means, ns):
+            ax.annotate("n=%d" % n, (b, m), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.set_xlabel("global batch size")
+    ax.set_ylabel("samples to target (mean +- std over seeds)")
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def importance(db_path, study_name, path, title):
     """Optuna's parameter importances of the study in db_path (read-only).
 

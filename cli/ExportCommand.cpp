@@ -45,20 +45,25 @@ scale: --set data.dir=/data/bert --set batch.micro=32), or as MLPerf-style hyper
 exit codes: 0 ok, 2 usage/config error, 7 unknown study, no COMPLETE trial, or --where matches nothing
 )";
 
-const char* kConfirmHelp = R"(usage: bertsweep study confirm NAME [--seeds N|S1,S2,...] [--parallel K] [--set key.path=value]...
-                               [--dir studies/] [--quiet]
+const char* kConfirmHelp = R"(usage: bertsweep study confirm NAME [--seeds N|S1,S2,...] [--per-batch] [--parallel K]
+                               [--include-unreached] [--set key.path=value]... [--dir studies/] [--quiet]
 
 Re-runs the best config of each optimizer of the study (the `study export --best --where optimizer=X` config)
 with several seeds: `bertsweep train --config <cfg> --set seed=S --events fd:3 --quiet`, under the study's
 launcher, K at a time (each with cores/K threads). Each run is stored in the study file (table bs_confirm,
 written only by this command; runs under studies/NAME/confirm/session-N/), and the mean +- std of samples to
-target per optimizer is printed; `bertsweep report` includes the latest confirm session.
+target per optimizer (and batch) is printed; `bertsweep report` includes the latest session of each pair and,
+with several batch sizes per optimizer, plots samples to target vs batch size with error bars.
 
   --seeds N        N seeds 1..N (default 5), or an explicit comma list of seeds
+  --per-batch      confirm the best trial of every (optimizer, batch.global) pair instead of every optimizer
   --parallel K     runs at a time (default 1)
+  --include-unreached  also re-run a best trial that never reached the target (skipped by default: it has
+                   no samples to target to confirm, and each seed would spend target.max_samples)
   --set k=v        override a training key of every run (repeatable)
 
-exit codes: 0 ok (at least one run finished), 2 usage error, 7 unknown study / no COMPLETE trial / every run failed
+exit codes: 0 ok (at least one run finished), 2 usage error, 7 unknown study / no COMPLETE trial / none reached
+the target / every run failed
 )";
 
 Argv strip_subcommand(const Argv& args, const std::string& sub) {
@@ -180,7 +185,7 @@ std::vector<int64_t> parse_seeds(const std::string& s) {
 }
 
 int confirm_study(const Args& a) {
-  a.allow_only({"seeds", "parallel", "set", "dir", "quiet", "help"});
+  a.allow_only({"seeds", "per-batch", "include-unreached", "parallel", "set", "dir", "quiet", "help"});
   if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
   analysis::ConfirmOptions o;
   o.study = a.positional()[0];
@@ -190,6 +195,8 @@ int confirm_study(const Args& a) {
   if (o.parallel < 1) throw UsageError("--parallel must be >= 1");
   o.sets = a.all("set");
   o.quiet = a.has("quiet");
+  o.per_batch = a.has("per-batch");
+  o.include_unreached = a.has("include-unreached");
   // The trainer is this very executable.
   o.trainer_exe = fs::read_symlink("/proc/self/exe").string();
   const auto result = analysis::run_confirm(o, std::cerr);
@@ -229,7 +236,7 @@ int study_export_command(const Argv& args) {
 }
 
 int study_confirm_command(const Argv& args) {
-  Args a(strip_subcommand(args, "confirm"), {"quiet", "help"});
+  Args a(strip_subcommand(args, "confirm"), {"quiet", "per-batch", "include-unreached", "help"});
   if (a.has("help")) {
     std::cout << kConfirmHelp;
     return exit_code::kOk;

@@ -229,8 +229,31 @@ class StudyRun {
     return waiting > 0 || total - retried < c_.n_trials;
   }
 
+  // Stratified studies: queue the least-tried cell (ties: declaration order) unless a retry is waiting,
+  // which Optuna hands out first. Counted from Optuna's trials, so a resumed study keeps the balance.
+  void enqueue_next_stratum() {
+    const auto cells = c_.strata();
+    if (cells.empty()) return;
+    std::vector<int> tried(cells.size(), 0);
+    for (const auto& t : bridge_->trials()) {
+      if (t.state == "WAITING") return;
+      if (t.user_attrs.count("bs_retry_of")) continue;
+      for (size_t i = 0; i < cells.size(); ++i) {
+        bool match = true;
+        for (const auto& kv : cells[i]) {
+          auto it = t.params.find(kv.first);
+          if (it == t.params.end() || to_string(it->second) != to_string(kv.second)) match = false;
+        }
+        if (match) ++tried[i];
+      }
+    }
+    size_t pick = static_cast<size_t>(std::min_element(tried.begin(), tried.end()) - tried.begin());
+    bridge_->enqueue(cells[pick], {});
+  }
+
   void launch_one() {
     auto r = std::make_unique<RunningTrial>();
+    enqueue_next_stratum();
     OptunaBridge::Asked a = bridge_->ask(c_.space, base_);
     TrialRecord& rec = r->rec;
     rec.number = a.number;

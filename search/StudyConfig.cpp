@@ -92,7 +92,7 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
   static const std::set<std::string> known = {"name",    "objective", "direction",     "sampler", "pruner",
                                               "n_trials", "parallel",  "seed",          "retry_failed",
                                               "trial_timeout", "base", "base_config",   "space",   "derived",
-                                              "launcher"};
+                                              "launcher", "stratify"};
   std::vector<std::string> base_sets;
   for (const auto& s : sets) {
     std::string key = s.substr(0, s.find('='));
@@ -109,7 +109,7 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
     if (!known.count(kv.first.Scalar()))
       throw ConfigError(where(kv.first, source) + ": unknown study key '" + kv.first.Scalar() +
                         "' (known: name, objective, direction, sampler, pruner, n_trials, parallel, seed, "
-                        "retry_failed, trial_timeout, base, base_config, space, derived, launcher)");
+                        "retry_failed, trial_timeout, base, base_config, space, derived, launcher, stratify)");
 
   StudyConfig c;
   c.source = source;
@@ -199,6 +199,26 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
     if (c.space.empty()) throw ConfigError(source + ": the grid sampler needs a non-empty space");
     for (const auto& p : c.space.params()) p.grid_values();  // throws for continuous parameters
   }
+  if (node["stratify"]) {
+    c.stratify = string_or_list(node["stratify"], "stratify", source);
+    std::set<std::string> seen;
+    for (const auto& k : c.stratify) {
+      const SpaceParam* found = nullptr;
+      for (const auto& p : c.space.params())
+        if (p.key == k) found = &p;
+      if (!found)
+        throw ConfigError(where(node["stratify"], source) + ": stratify key '" + k +
+                          "' is not a parameter of 'space' (stratify lists choice parameters to balance)");
+      if (found->kind != SpaceParam::Kind::kChoice || !found->when.empty())
+        throw ConfigError(where(node["stratify"], source) + ": stratify key '" + k +
+                          "' must be an unconditional choice parameter (no 'when')");
+      if (!seen.insert(k).second)
+        throw ConfigError(where(node["stratify"], source) + ": stratify key '" + k + "' is listed twice");
+    }
+    if (c.sampler == "grid")
+      throw ConfigError(where(node["stratify"], source) + ": the grid sampler already tries every combination; "
+                        "remove 'stratify' or use another sampler");
+  }
   for (const auto& p : c.space.params())
     if (p.key == "target.max_samples" && c.objectives[0] != "final_mlm_accuracy")
       throw ConfigError(p.where + ": target.max_samples cannot be searched with objective " + c.objectives[0] +
@@ -264,6 +284,10 @@ void StudyConfig::emit(YAML::Emitter& out, bool full) const {
   out << YAML::Key << "base" << YAML::Value << YAML::Load(base_yaml);
   if (!space_yaml_.empty()) out << YAML::Key << "space" << YAML::Value << YAML::Load(space_yaml_);
   if (!derived_yaml_.empty()) out << YAML::Key << "derived" << YAML::Value << YAML::Load(derived_yaml_);
+  if (!stratify.empty()) {  // only when set, so that older studies keep their identity
+    out << YAML::Key << "stratify" << YAML::Value;
+    emit_list(out, stratify);
+  }
   if (full) {
     out << YAML::Key << "launcher" << YAML::Value << YAML::BeginMap;
     out << YAML::Key << "kind" << YAML::Value << launcher.kind;
@@ -290,6 +314,26 @@ std::string StudyConfig::to_yaml_string() const {
   out.SetDoublePrecision(17);
   emit(out, true);
   return std::string(out.c_str()) + "\n";
+}
+
+std::vector<std::map<std::string, ParamValue>> StudyConfig::strata() const {
+  std::vector<std::map<std::string, ParamValue>> cells;
+  if (stratify.empty()) return cells;
+  cells.emplace_back();
+  for (const auto& k : stratify) {
+    std::vector<ParamValue> values;
+    for (const auto& p : space.params())
+      if (p.key == k) values = p.choices;
+    std::vector<std::map<std::string, ParamValue>> next;
+    for (const auto& cell : cells)
+      for (const auto& v : values) {
+        auto c = cell;
+        c[k] = v;
+        next.push_back(std::move(c));
+      }
+    cells = std::move(next);
+  }
+  return cells;
 }
 
 }  // namespace bs::search

@@ -1,6 +1,7 @@
 // A study config (configs/studies/*.yaml, DESIGN.md "Configs"): what to search, how, and how to launch trials.
 #pragma once
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -34,6 +35,10 @@ struct StudyConfig {
   int64_t seed = 0;
   int retry_failed = 0;            // re-queue a failed trial's params up to this many times
   double trial_timeout = 0;        // seconds without an event before a trial is killed; 0: none
+  // Choice parameters whose every combination ("cell") gets an equal share of the trials: each new trial
+  // is enqueued with the least-tried cell's values and the sampler picks the rest, so e.g. every
+  // (optimizer, batch) pair is tuned instead of the sampler settling on one early.
+  std::vector<std::string> stratify;
   std::string base_yaml;           // the base training config, every key explicit (canonical)
   SearchSpace space;
   LauncherConfig launcher;
@@ -51,6 +56,8 @@ struct StudyConfig {
   // The part that defines the search (objective, sampler, pruner, seed, base, space): a study can be
   // continued with a different n_trials, parallel, timeout or launcher, but not a different search.
   std::string identity() const;
+  // Every combination of the `stratify` parameters' values, in declaration order (empty when not stratified).
+  std::vector<std::map<std::string, ParamValue>> strata() const;
   // The base training config as a YAML node (fresh each call).
   YAML::Node base() const;
 

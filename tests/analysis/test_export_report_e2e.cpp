@@ -285,6 +285,68 @@ TEST(ReportE2E, RealStudyReportRendersWithTheStudyNumbers) {
   std::cout << "report written to " << out << "\n";
 }
 
+// --per-batch: one confirmation per (optimizer, batch) pair, from that pair's best trial (found by SQL here),
+// stored with its batch; the report then plots samples to target vs batch size when a pair reached.
+TEST(ConfirmE2E, PerBatchConfirmsTheBestTrialOfEveryOptimizerAndBatch) {
+  const std::string shared = shared_study_dir();
+  const std::string dir = test::make_temp_dir("confirm-e2e");
+  fs::copy(shared + "/" + kStudyName, dir + "/" + kStudyName, fs::copy_options::recursive);
+  auto r = test::run({test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "1", "--per-batch",
+                      "--parallel", "2", "--dir", dir},
+                     600);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  // Best per pair by SQL: reached first, then fewest samples, then lowest trial number.
+  std::map<std::pair<std::string, int64_t>, Row> best;
+  for (const auto& row : rows_by_sql(db_of(dir))) {
+    if (row.state != "COMPLETE") continue;
+    const auto key = std::make_pair(opt_of(row), YAML::Load(row.config)["batch"]["global"].as<int64_t>());
+    auto rank = [](const Row& x) { return std::make_tuple(!x.reached, x.samples ? *x.samples : INFINITY, x.number); };
+    auto it = best.find(key);
+    if (it == best.end() || rank(row) < rank(it->second)) best[key] = row;
+  }
+  ASSERT_FALSE(best.empty());
+  SQLite::Database sql(db_of(dir), SQLite::OPEN_READONLY);
+  SQLite::Statement q(sql, "SELECT optimizer, batch, source_trial, seed, exit_code FROM bs_confirm ORDER BY 1, 2");
+  std::map<std::pair<std::string, int64_t>, int64_t> confirmed;
+  while (q.executeStep()) {
+    confirmed[{q.getColumn(0).getString(), q.getColumn(1).getInt64()}] = q.getColumn(2).getInt64();
+    EXPECT_EQ(q.getColumn(3).getInt64(), 1);
+    EXPECT_EQ(q.getColumn(4).getInt(), 0);
+  }
+  // A pair whose best trial never reached the target has nothing to confirm: skipped, and said so.
+  size_t reached = 0;
+  for (const auto& [key, row] : best) {
+    if (!row.reached) {
+      EXPECT_FALSE(confirmed.count(key)) << key.first << " batch " << key.second;
+      EXPECT_NE(r.out.find("skipping " + key.first + " batch " + std::to_string(key.second) + ": its best trial " +
+                           std::to_string(row.number) + " did not reach the target"),
+                std::string::npos)
+          << r.out;
+      continue;
+    }
+    ++reached;
+    ASSERT_TRUE(confirmed.count(key)) << key.first << " batch " << key.second;
+    EXPECT_EQ(confirmed[key], row.number) << key.first << " batch " << key.second;
+  }
+  ASSERT_EQ(confirmed.size(), reached) << r.out;
+  const std::string out = dir + "/report";
+  auto rep = test::run({test::bertsweep_bin(), "report", kStudyName, "--out", out, "--dir", dir}, 300);
+  ASSERT_EQ(rep.exit_code, 0) << rep.err;
+  const std::string md = test::file_bytes(out + "/report.md");
+  EXPECT_NE(md.find("| optimizer | batch | source trial |"), std::string::npos) << md;
+  std::set<std::string> optimizers;
+  for (const auto& kv : best) optimizers.insert(kv.first.first);
+  if (best.size() > optimizers.size()) {  // some optimizer ran at several batch sizes
+    for (const auto& [key, row] : best) {
+      const std::string line = "| " + key.first + " | " + std::to_string(key.second) + " | " +
+                               std::to_string(row.number) + " | ";
+      EXPECT_NE(md.find(line), std::string::npos) << line << "\n" << md;
+    }
+    EXPECT_NE(md.find("### Best trial per optimizer and batch size"), std::string::npos) << md;
+  }
+  EXPECT_TRUE(fs::exists(out + "/" + std::string(kStudyName) + "-confirm.png"));
+}
+
 TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
   const std::string shared = shared_study_dir();
   // A copy: confirm writes bs_confirm into the study file.
@@ -310,6 +372,11 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
       EXPECT_EQ(q.getColumn(1).getInt64(), best->number);
       EXPECT_EQ(q.getColumn(2).getInt(), 0);
       if (q.getColumn(3).getInt()) xs.push_back(q.getColumn(4).getDouble());
+    }
+    if (!best->reached) {  // nothing to confirm: skipped
+      EXPECT_TRUE(seeds.empty()) << opt;
+      EXPECT_NE(r.out.find("skipping " + opt + ": its best trial"), std::string::npos) << r.out;
+      continue;
     }
     EXPECT_EQ(seeds, (std::vector<int64_t>{1, 2})) << opt;
     if (xs.empty()) continue;

@@ -46,6 +46,11 @@ TEST(ReportPlots, EachPlotIsANonTrivialPng) {
   expect_real_png(dir + "/h.png");
   plot_confirm(dir + "/f.png", {{"lamb", {3000, 3200, 2900}}, {"adamw", {5000, 5600}}}, "confirm");
   expect_real_png(dir + "/f.png");
+  plot_confirm_vs_batch(dir + "/fb.png",
+                        {{"lamb", {64, 256, 1024}, {3000, 3500, 5200}, {100, 300, 800}, {3, 3, 2}},
+                         {"adam", {64, 256}, {2800, 4100}, {200, 0}, {3, 1}}},
+                        "confirm vs batch");
+  expect_real_png(dir + "/fb.png");
 }
 
 TEST(ReportPlots, ImportanceWithoutOptunaTablesSaysSoAndWritesNothing) {

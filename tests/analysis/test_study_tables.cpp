@@ -242,3 +242,73 @@ TEST(ConfirmStore, RoundTripsAndSummarisesTheLatestSession) {
   EXPECT_NEAR(l.samples.mean, r.mean, 1e-9);
   EXPECT_NEAR(l.samples.std, r.std, 1e-9);
 }
+
+TEST(ConfirmStore, PerBatchRunsAreGroupedByOptimizerAndBatch) {
+  const std::string dir = test::make_temp_dir("confirm");
+  const std::string db = dir + "/study.db";
+  { StudyStore store(db); }
+  ConfirmStore store(db, true);
+  // One session, same optimizer and seeds, two batch sizes: neither may overwrite the other.
+  for (int s = 1; s <= 2; ++s) {
+    ConfirmRun a{1, "lamb", 3, s, 0, true, 1000.0 * s, 1.0, 0.3, "seed: 1\n", "log"};
+    a.batch = 64;
+    store.add(a);
+    ConfirmRun b{1, "lamb", 5, s, 0, true, 4000.0 + 1000.0 * s, 1.0, 0.3, "seed: 1\n", "log"};
+    b.batch = 256;
+    store.add(b);
+  }
+  // A later per-optimizer session re-runs batch 64 only: batch 256 keeps its session-1 summary.
+  ConfirmRun c{2, "lamb", 3, 1, 0, true, 1500.0, 1.0, 0.3, "seed: 1\n", "log"};
+  c.batch = 64;
+  store.add(c);
+  auto runs = store.runs();
+  ASSERT_EQ(runs.size(), 5u);
+  auto summary = summarize_confirm(runs);
+  ASSERT_EQ(summary.size(), 2u);
+  EXPECT_EQ(summary[0].batch, 64);
+  EXPECT_EQ(summary[0].session, 2);
+  EXPECT_EQ(summary[0].runs, 1);
+  EXPECT_DOUBLE_EQ(summary[0].samples.mean, 1500.0);
+  EXPECT_EQ(summary[1].batch, 256);
+  EXPECT_EQ(summary[1].session, 1);
+  EXPECT_EQ(summary[1].source_trial, 5);
+  EXPECT_DOUBLE_EQ(summary[1].samples.mean, 5500.0);
+  EXPECT_NEAR(summary[1].samples.std, std::sqrt(500000.0), 1e-9);
+}
+
+// A study file whose bs_confirm was written before the batch column existed: readers see batch 0, and the
+// first writer rebuilds the table with the batch in the key without losing a row.
+TEST(ConfirmStore, OldTableWithoutBatchIsReadAndMigratedKeepingEveryRow) {
+  const std::string dir = test::make_temp_dir("confirm");
+  const std::string db = dir + "/study.db";
+  { StudyStore store(db); }
+  {
+    SQLite::Database sql(db, SQLite::OPEN_READWRITE);
+    sql.exec("CREATE TABLE bs_confirm (session INTEGER NOT NULL, optimizer TEXT NOT NULL, source_trial INTEGER "
+             "NOT NULL, seed INTEGER NOT NULL, exit_code INTEGER NOT NULL, reached INTEGER NOT NULL, "
+             "samples_to_target REAL, seconds_to_target REAL, final_mlm_accuracy REAL, config_yaml TEXT NOT NULL, "
+             "log_path TEXT, PRIMARY KEY (session, optimizer, seed))");
+    sql.exec("INSERT INTO bs_confirm VALUES (1, 'adam', 4, 1, 0, 1, 2048, 10, 0.08, 'seed: 1', 'l1'), "
+             "(1, 'adam', 4, 2, 0, 1, 4096, 20, 0.08, 'seed: 2', 'l2')");
+  }
+  {
+    ConfirmStore ro(db, false);
+    auto runs = ro.runs();
+    ASSERT_EQ(runs.size(), 2u);
+    EXPECT_EQ(runs[0].batch, 0);
+    EXPECT_DOUBLE_EQ(*runs[1].samples_to_target, 4096);
+  }
+  ConfirmStore rw(db, true);
+  ConfirmRun r{1, "adam", 4, 1, 0, true, 3000.0, 1.0, 0.3, "seed: 1\n", "log"};
+  r.batch = 128;
+  rw.add(r);
+  auto runs = rw.runs();
+  ASSERT_EQ(runs.size(), 3u) << "the per-batch run must not replace the old run with the same session and seed";
+  EXPECT_EQ(runs[0].batch, 0);
+  EXPECT_EQ(runs[0].log_path, "l1");
+  EXPECT_EQ(runs[1].batch, 0);
+  EXPECT_EQ(runs[1].config_yaml, "seed: 2");
+  EXPECT_EQ(runs[2].batch, 128);
+  SQLite::Database sql(db, SQLite::OPEN_READONLY);
+  EXPECT_FALSE(sql.tableExists("bs_confirm_v1"));
+}

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "TestUtil.h"
+#include "common/TrainConfig.h"
 #include "search/Controller.h"
 #include "search/OptunaBridge.h"
 #include "studies/StudyStore.h"
@@ -216,4 +217,50 @@ TEST(Controller, ResumesAfterTheControllerIsKilled) {
   EXPECT_EQ(complete, 6);  // re-queued trials ran again: 6 trials' worth of results
   OptunaBridge b(db, cfg);
   for (const auto& info : b.trials()) EXPECT_NE(info.state, "RUNNING");
+}
+
+TEST(Controller, StratifiedStudyGivesEveryCellAnEqualShareAndKeepsItOnResume) {
+  std::string dir = test::make_temp_dir("ctl");
+  ControllerOptions o;
+  o.dir = dir;
+  o.trainer_exe = make_script(dir);
+  o.quiet = true;
+  // TPE alone would pile onto layers 6 (best) once it has a model; stratify must keep all 6 cells equal.
+  const std::string extra =
+      "  model.heads: {choice: [1, 2]}\n  optimizer.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n"
+      "sampler: tpe\nparallel: 2\nstratify: [model.layers, model.heads]\n";
+  auto cfg = [&](int n) { return study("[1, 2, 6]", extra + "n_trials: " + std::to_string(n) + "\n"); };
+  ASSERT_EQ(cfg(12).strata().size(), 6u);
+  auto counts = [&] {
+    std::map<std::pair<int64_t, int64_t>, int> n;
+    for (auto& t : StudyStore(dir + "/ctl/study.db").trials()) {
+      YAML::Node c = YAML::Load(t.config_yaml);
+      ++n[{c["model"]["layers"].as<int64_t>(), c["model"]["heads"].as<int64_t>()}];
+    }
+    return n;
+  };
+  ASSERT_EQ(Controller(cfg(12), o).run(), 0);
+  auto n = counts();
+  ASSERT_EQ(n.size(), 6u);
+  for (const auto& kv : n) EXPECT_EQ(kv.second, 2) << kv.first.first << "x" << kv.first.second;
+  ASSERT_EQ(Controller(cfg(18), o).run(), 0);  // resumed with a larger budget
+  n = counts();
+  for (const auto& kv : n) EXPECT_EQ(kv.second, 3) << kv.first.first << "x" << kv.first.second;
+}
+
+TEST(Controller, StratifyMustNameUnconditionalChoiceParameters) {
+  auto err = [](const std::string& extra) {
+    try {
+      study("[1, 2]", extra + "sampler: tpe\n");
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_NE(err("stratify: [model.heads]\n").find("'model.heads' is not a parameter of 'space'"), std::string::npos);
+  std::string e = err("  optimizer.lr: {log_uniform: [1.0e-4, 1.0e-2]}\nstratify: [optimizer.lr]\n");
+  EXPECT_NE(e.find("must be an unconditional choice parameter"), std::string::npos) << e;
+  e = err("stratify: [model.layers, model.layers]\n");
+  EXPECT_NE(e.find("listed twice"), std::string::npos) << e;
+  EXPECT_EQ(err("stratify: model.layers\n"), "no error");
 }
