@@ -1,5 +1,6 @@
 #include "analysis/Report.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -291,6 +292,36 @@ void study_section(Document& doc, const std::string& name, const std::string& di
     bool several_batches = false;
     for (const auto& [opt, b] : series) several_batches = several_batches || b.batch.size() > 1;
     if (several_batches) {
+      doc.para("Critical batch size per optimizer: E(B) = E_min (1 + B / B_crit) fitted by least squares to the "
+               "samples to target of every confirmation run that reached the target (McCandlish et al. 2018). "
+               "S_min = E_min / B_crit is the fewest optimizer steps; past B_crit a larger batch mostly buys "
+               "fewer steps at the cost of more samples.");
+      std::vector<std::vector<std::string>> fit_rows;
+      for (const auto& [opt, b] : series) {
+        std::vector<double> bs, es;
+        for (const auto& s : summary)
+          if (s.optimizer == opt && s.batch > 0)
+            for (const auto& r : runs)
+              if (r.optimizer == opt && r.batch == s.batch && r.session == s.session && r.reached &&
+                  r.samples_to_target) {
+                bs.push_back(static_cast<double>(r.batch));
+                es.push_back(*r.samples_to_target);
+              }
+        const auto f = fit_critical_batch(bs, es);
+        std::string crit;
+        switch (f.kind) {
+          case CriticalBatchFit::Kind::kNone: crit = "- (one batch size)"; break;
+          case CriticalBatchFit::Kind::kFit: crit = format_number(f.b_crit); break;
+          case CriticalBatchFit::Kind::kBelowRange:
+            crit = "below " + format_number(*std::min_element(bs.begin(), bs.end())) + " (samples grow with B)";
+            break;
+          case CriticalBatchFit::Kind::kAboveRange:
+            crit = "above " + format_number(*std::max_element(bs.begin(), bs.end())) + " (no growth seen)";
+            break;
+        }
+        fit_rows.push_back({opt, std::to_string(f.points), format_number(f.e_min), format_number(f.s_min), crit});
+      }
+      doc.table({"optimizer", "runs fitted", "E_min (samples)", "S_min (steps)", "B_crit"}, fit_rows);
       std::vector<BatchSeries> list;
       for (auto& [opt, b] : series) list.push_back(b);
       plot_confirm_vs_batch(written(png("confirm")), list, name + ": samples to target vs batch size over seeds");

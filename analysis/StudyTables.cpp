@@ -167,4 +167,28 @@ std::vector<HistoryPoint> optimization_history(const std::vector<TrialRecord>& t
   return out;
 }
 
+CriticalBatchFit fit_critical_batch(const std::vector<double>& batch, const std::vector<double>& samples) {
+  CriticalBatchFit f;
+  const size_t n = std::min(batch.size(), samples.size());
+  f.points = static_cast<int>(n);
+  if (n < 2) return f;
+  double mx = 0, my = 0;
+  for (size_t i = 0; i < n; ++i) mx += batch[i], my += samples[i];
+  mx /= n, my /= n;
+  double sxx = 0, sxy = 0;
+  for (size_t i = 0; i < n; ++i) sxx += (batch[i] - mx) * (batch[i] - mx), sxy += (batch[i] - mx) * (samples[i] - my);
+  if (sxx <= 0) return f;  // one batch size only
+  const double b = sxy / sxx, a = my - b * mx;
+  f.e_min = a;
+  f.s_min = b;
+  const double tol = 1e-9 * std::abs(my);  // rounding must not turn "proportional" into a tiny B_crit
+  if (b * mx <= tol) f.kind = CriticalBatchFit::Kind::kAboveRange;
+  else if (a <= tol) f.kind = CriticalBatchFit::Kind::kBelowRange;
+  else {
+    f.kind = CriticalBatchFit::Kind::kFit;
+    f.b_crit = a / b;
+  }
+  return f;
+}
+
 }  // namespace bs::analysis

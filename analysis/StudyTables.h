@@ -62,4 +62,18 @@ struct HistoryPoint {
 };
 std::vector<HistoryPoint> optimization_history(const std::vector<TrialRecord>& trials, const StudyObjective& objective);
 
+// Critical batch size from samples to target E at several batch sizes B (McCandlish et al. 2018, "An
+// Empirical Model of Large-Batch Training"): E(B) = E_min (1 + B / B_crit), a line a + b B fitted by least
+// squares, so E_min = a, S_min = b (the fewest optimizer steps) and B_crit = a / b. Below B_crit a larger
+// batch costs few extra samples; above it, samples grow with the batch and steps stop falling.
+struct CriticalBatchFit {
+  enum class Kind { kNone, kFit, kBelowRange, kAboveRange };
+  Kind kind = Kind::kNone;  // kNone: fewer than 2 distinct batch sizes
+  // kBelowRange: a <= 0 (samples grow in proportion to the batch: step-limited at every batch tried);
+  // kAboveRange: b <= 0 (samples do not grow with the batch: no sign of a limit in the range tried).
+  double e_min = 0, s_min = 0, b_crit = 0;
+  int points = 0;
+};
+CriticalBatchFit fit_critical_batch(const std::vector<double>& batch, const std::vector<double>& samples);
+
 }  // namespace bs::analysis

@@ -312,3 +312,32 @@ TEST(ConfirmStore, OldTableWithoutBatchIsReadAndMigratedKeepingEveryRow) {
   SQLite::Database sql(db, SQLite::OPEN_READONLY);
   EXPECT_FALSE(sql.tableExists("bs_confirm_v1"));
 }
+
+// E(B) = E_min (1 + B / B_crit): hand-computed cases.
+TEST(CriticalBatch, ExactLineRecoversEminAndBcrit) {
+  // E = 1000 (1 + B / 100): 1320, 1640, 2280, 3560 at 32..256 (two seeds at 64, same value).
+  auto f = fit_critical_batch({32, 64, 64, 128, 256}, {1320, 1640, 1640, 2280, 3560});
+  ASSERT_EQ(f.kind, CriticalBatchFit::Kind::kFit);
+  EXPECT_NEAR(f.e_min, 1000, 1e-9);
+  EXPECT_NEAR(f.s_min, 10, 1e-12);
+  EXPECT_NEAR(f.b_crit, 100, 1e-9);
+  EXPECT_EQ(f.points, 5);
+}
+
+TEST(CriticalBatch, LeastSquaresOnNoisyPointsMatchesTheHandSolution) {
+  // x = 1,2,3, y = 1,3,2: mean 2,2; Sxy = 1, Sxx = 2 -> slope 0.5, intercept 1, B_crit 2.
+  auto f = fit_critical_batch({1, 2, 3}, {1, 3, 2});
+  ASSERT_EQ(f.kind, CriticalBatchFit::Kind::kFit);
+  EXPECT_NEAR(f.s_min, 0.5, 1e-12);
+  EXPECT_NEAR(f.e_min, 1.0, 1e-12);
+  EXPECT_NEAR(f.b_crit, 2.0, 1e-12);
+}
+
+TEST(CriticalBatch, DegenerateCasesSayWhichSideOfTheRange) {
+  EXPECT_EQ(fit_critical_batch({64, 64}, {100, 200}).kind, CriticalBatchFit::Kind::kNone);  // one batch size
+  EXPECT_EQ(fit_critical_batch({64}, {100}).kind, CriticalBatchFit::Kind::kNone);
+  // Samples proportional to batch (a fixed number of steps): step-limited everywhere.
+  EXPECT_EQ(fit_critical_batch({32, 64, 128}, {3200, 6400, 12800}).kind, CriticalBatchFit::Kind::kBelowRange);
+  // Samples flat or falling with batch: no limit seen.
+  EXPECT_EQ(fit_critical_batch({32, 64, 128}, {5000, 5000, 4000}).kind, CriticalBatchFit::Kind::kAboveRange);
+}
