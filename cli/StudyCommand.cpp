@@ -28,10 +28,14 @@ resume   continues a study after its controller stopped or was killed: trials le
          failed (reason "controller died") or re-queued (retry_failed), then it runs to n_trials.
 status   the trials, best first, and the count per state.
 
+Ctrl-C (or SIGTERM) during run/resume: no new trials start and the running ones finish and are recorded
+(exit 6); a second Ctrl-C stops them at once (resume re-queues them).
+
 Study config keys: name, objective (samples_to_target | seconds_to_target | final_mlm_accuracy, or a
 list for multi-objective), direction, sampler (tpe|cmaes|random|grid|qmc), pruner (median|
 successive_halving|hyperband|none), n_trials, parallel, seed, retry_failed, trial_timeout, base or
-base_config, space, derived, launcher {kind: local|mpirun|srun, ranks, hostfile}. See configs/studies/.
+base_config, space, derived, stratify (choice parameters whose every combination gets an equal share of
+the trials), launcher {kind: local|mpirun|srun, ranks, hostfile}. See configs/studies/.
 A trial that misses the target scores 2 * target.max_samples (samples_to_target) or
 1e7 + seconds run (seconds_to_target), so it never ranks above one that reached it.
 )";

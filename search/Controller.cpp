@@ -104,6 +104,34 @@ struct RunningTrial {
   std::string label;
 };
 
+// Ctrl-C / SIGTERM: the first one drains (no new trials; running ones finish and are recorded), a second
+// one stops at once (default action: the trials die with us and resume re-queues them).
+volatile sig_atomic_t g_stop_signal = 0;
+extern "C" void on_stop_signal(int sig) {
+  if (g_stop_signal) {
+    signal(sig, SIG_DFL);
+    raise(sig);
+    return;
+  }
+  g_stop_signal = sig;
+}
+
+struct StopSignals {
+  struct sigaction old_int {}, old_term {};
+  StopSignals() {
+    g_stop_signal = 0;
+    struct sigaction sa {};
+    sa.sa_handler = on_stop_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, &old_int);
+    sigaction(SIGTERM, &sa, &old_term);
+  }
+  ~StopSignals() {
+    sigaction(SIGINT, &old_int, nullptr);
+    sigaction(SIGTERM, &old_term, nullptr);
+  }
+};
+
 class StudyRun {
  public:
   StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir)
@@ -121,8 +149,16 @@ class StudyRun {
     say("study " + c_.name + ": " + std::to_string(c_.n_trials) + " trials, " + std::to_string(c_.parallel) +
         " in parallel, " + std::to_string(threads_) + " threads each, objective " + c_.objectives[0] + " (" +
         c_.directions[0] + ")");
+    StopSignals stop_signals;
+    bool draining = false;
     for (;;) {
-      while (static_cast<int>(running_.size()) < c_.parallel && budget_left()) launch_one();
+      if (g_stop_signal && !draining) {
+        draining = true;
+        say(std::string(g_stop_signal == SIGINT ? "interrupted" : "terminated") + ": no new trials; waiting for " +
+            std::to_string(running_.size()) + " running trial(s) to finish (signal again to stop them now; " +
+            "`bertsweep study resume " + c_.name + "` re-queues them)");
+      }
+      while (!draining && static_cast<int>(running_.size()) < c_.parallel && budget_left()) launch_one();
       if (running_.empty()) break;
       wait_for_events();
       for (auto it = running_.begin(); it != running_.end();) {
@@ -139,6 +175,10 @@ class StudyRun {
       }
     }
     summary();
+    if (draining) {
+      say("stopped before the budget was spent; continue with `bertsweep study resume " + c_.name + "`");
+      return exit_code::kTerminated;
+    }
     return exit_code::kOk;
   }
 

@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "TestUtil.h"
+#include "common/ExitCodes.h"
 #include "common/TrainConfig.h"
 #include "search/Controller.h"
 #include "search/OptunaBridge.h"
@@ -71,6 +72,14 @@ StudyConfig study(const std::string& layers, const std::string& extra) {
       "test");
 }
 
+ControllerOptions quiet_options(const std::string& dir, const std::string& script) {
+  ControllerOptions o;
+  o.dir = dir;
+  o.trainer_exe = script;
+  o.quiet = true;
+  return o;
+}
+
 std::map<int64_t, TrialRecord> by_layers(const std::string& db) {
   std::map<int64_t, TrialRecord> out;
   for (auto& t : StudyStore(db).trials())
@@ -82,10 +91,7 @@ std::map<int64_t, TrialRecord> by_layers(const std::string& db) {
 
 TEST(Controller, EveryWayATrialEndsIsRecordedAndTheStudyGoesOn) {
   std::string dir = test::make_temp_dir("ctl");
-  ControllerOptions o;
-  o.dir = dir;
-  o.trainer_exe = make_script(dir);
-  o.quiet = true;
+  ControllerOptions o = quiet_options(dir, make_script(dir));
   o.kill_grace_s = 1;
   Controller c(study("[1, 2, 3, 4, 5, 6]", "n_trials: 6\nparallel: 2\ntrial_timeout: 2\n"), o);
   ASSERT_EQ(c.run(), 0);
@@ -131,10 +137,7 @@ TEST(Controller, EveryWayATrialEndsIsRecordedAndTheStudyGoesOn) {
 
 TEST(Controller, PrunesTrialsBehindTheMedian) {
   std::string dir = test::make_temp_dir("ctl");
-  ControllerOptions o;
-  o.dir = dir;
-  o.trainer_exe = make_script(dir);
-  o.quiet = true;
+  ControllerOptions o = quiet_options(dir, make_script(dir));
   // layers 1 first (good curves), then 2, whose accuracy stays at 0.01: pruned at its first report.
   Controller c(study("[1, 6, 2]", "sampler: random\npruner: median\nn_trials: 8\nparallel: 1\n"), o);
   // MedianPruner needs 2 finished trials: run the good ones by enqueuing through a first pass.
@@ -165,10 +168,7 @@ TEST(Controller, ResumesAfterTheControllerIsKilled) {
   ASSERT_GE(child, 0);
   if (child == 0) {  // the controller to be killed: Python starts in this process only
     setenv("SLOW", "1", 1);
-    ControllerOptions o;
-    o.dir = dir;
-    o.trainer_exe = script;
-    o.quiet = true;
+    ControllerOptions o = quiet_options(dir, script);
     Controller c(study(layers, extra + "sampler: random\n"), o);
     _exit(c.run());
   }
@@ -190,10 +190,7 @@ TEST(Controller, ResumesAfterTheControllerIsKilled) {
   ASSERT_GE(before.size(), 2u);
   bool was_running = !StudyStore(db).trials_in_state("RUNNING").empty();
 
-  ControllerOptions o;
-  o.dir = dir;
-  o.trainer_exe = script;
-  o.quiet = true;
+  ControllerOptions o = quiet_options(dir, script);
   StudyConfig cfg = load_stored_study(dir, "ctl");
   ASSERT_EQ(Controller(cfg, o).run(), 0);
   StudyStore store(db);
@@ -221,10 +218,7 @@ TEST(Controller, ResumesAfterTheControllerIsKilled) {
 
 TEST(Controller, StratifiedStudyGivesEveryCellAnEqualShareAndKeepsItOnResume) {
   std::string dir = test::make_temp_dir("ctl");
-  ControllerOptions o;
-  o.dir = dir;
-  o.trainer_exe = make_script(dir);
-  o.quiet = true;
+  ControllerOptions o = quiet_options(dir, make_script(dir));
   // TPE alone would pile onto layers 6 (best) once it has a model; stratify must keep all 6 cells equal.
   const std::string extra =
       "  model.heads: {choice: [1, 2]}\n  optimizer.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n"
@@ -263,4 +257,42 @@ TEST(Controller, StratifyMustNameUnconditionalChoiceParameters) {
   e = err("stratify: [model.layers, model.layers]\n");
   EXPECT_NE(e.find("listed twice"), std::string::npos) << e;
   EXPECT_EQ(err("stratify: model.layers\n"), "no error");
+}
+
+TEST(Controller, FirstSignalDrainsRunningTrialsAndResumeFinishesTheBudget) {
+  std::string dir = test::make_temp_dir("ctl");
+  std::string script = make_script(dir);
+  const std::string extra = "n_trials: 6\nparallel: 2\nsampler: random\n";
+  std::string db = dir + "/ctl/study.db";
+  pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    setenv("SLOW", "1", 1);  // each trial takes ~1.6 s
+    ControllerOptions o = quiet_options(dir, script);
+    _exit(Controller(study("[1, 6]", extra), o).run());
+  }
+  bool running = false;
+  for (int i = 0; i < 600 && !running; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    try {
+      running = fs::exists(db) && !StudyStore(db).trials_in_state("RUNNING").empty();
+    } catch (...) {
+    }
+  }
+  ASSERT_TRUE(running);
+  kill(child, SIGINT);
+  int status = 0;
+  waitpid(child, &status, 0);
+  ASSERT_TRUE(WIFEXITED(status)) << "the controller died instead of draining";
+  EXPECT_EQ(WEXITSTATUS(status), exit_code::kTerminated);
+  StudyStore store(db);
+  auto trials = store.trials();
+  EXPECT_LT(trials.size(), 6u);  // stopped early
+  for (const auto& t : trials) EXPECT_EQ(t.state, "COMPLETE") << "trial " << t.number << ": " << t.reason;
+
+  ControllerOptions o = quiet_options(dir, script);
+  ASSERT_EQ(Controller(load_stored_study(dir, "ctl"), o).run(), 0);
+  int complete = 0;
+  for (const auto& t : StudyStore(db).trials()) complete += t.state == "COMPLETE";
+  EXPECT_EQ(complete, 6);
 }
