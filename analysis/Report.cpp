@@ -163,9 +163,10 @@ void study_section(Document& doc, const std::string& name, const std::string& di
              "std", "best trial"},
             rows);
 
+  const auto best = best_per_optimizer(trials, objective);
   // Tuned per batch size (the paper's question): what each cell's best trial chose.
   const auto cells = best_per_optimizer_and_batch(trials, objective);
-  if (cells.size() > best_per_optimizer(trials, objective).size()) {
+  if (cells.size() > best.size()) {
     doc.heading(3, "Best trial per optimizer and batch size");
     doc.para("The hyperparameters each (optimizer, batch) cell's best trial chose; `study confirm --per-batch` "
              "re-runs these with several seeds.");
@@ -185,7 +186,6 @@ void study_section(Document& doc, const std::string& name, const std::string& di
   }
 
   doc.heading(3, "Best trial per optimizer");
-  const auto best = best_per_optimizer(trials, objective);
   rows.clear();
   std::vector<Curve> curves;
   double target = 0;
@@ -266,6 +266,7 @@ void study_section(Document& doc, const std::string& name, const std::string& di
     rows.clear();
     std::vector<std::pair<std::string, std::vector<double>>> groups;
     std::map<std::string, BatchSeries> series;
+    std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> fit_points;  // batch, samples
     const auto summary = summarize_confirm(runs);
     for (const auto& s : summary) {
       rows.push_back({s.optimizer, std::to_string(s.batch), std::to_string(s.source_trial), std::to_string(s.runs),
@@ -278,6 +279,11 @@ void study_section(Document& doc, const std::string& name, const std::string& di
         if (r.optimizer == s.optimizer && r.batch == s.batch && r.session == s.session && r.reached &&
             r.samples_to_target)
           xs.push_back(*r.samples_to_target);
+      if (s.batch > 0)
+        for (double x : xs) {
+          fit_points[s.optimizer].first.push_back(static_cast<double>(s.batch));
+          fit_points[s.optimizer].second.push_back(x);
+        }
       groups.emplace_back(s.batch > 0 ? s.optimizer + " b" + std::to_string(s.batch) : s.optimizer, xs);
       if (s.samples.n > 0 && s.batch > 0) {
         BatchSeries& b = series[s.optimizer];
@@ -298,15 +304,7 @@ void study_section(Document& doc, const std::string& name, const std::string& di
                "fewer steps at the cost of more samples.");
       std::vector<std::vector<std::string>> fit_rows;
       for (const auto& [opt, b] : series) {
-        std::vector<double> bs, es;
-        for (const auto& s : summary)
-          if (s.optimizer == opt && s.batch > 0)
-            for (const auto& r : runs)
-              if (r.optimizer == opt && r.batch == s.batch && r.session == s.session && r.reached &&
-                  r.samples_to_target) {
-                bs.push_back(static_cast<double>(r.batch));
-                es.push_back(*r.samples_to_target);
-              }
+        const auto& [bs, es] = fit_points[opt];
         const auto f = fit_critical_batch(bs, es);
         std::string crit;
         switch (f.kind) {
