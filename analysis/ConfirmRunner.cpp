@@ -67,7 +67,7 @@ void take_events(Active& a) {
 ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
   if (o.seeds.empty()) throw std::invalid_argument("study confirm: give at least one seed (--seeds N)");
   const std::string db = existing_study_db(o.dir, o.study);
-  StudyStore store(db);
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
   const auto objective = StudyObjective::of_study(store, o.study);
   const auto candidates = o.per_batch ? best_per_optimizer_and_batch(store.trials(), objective)
                                       : best_per_optimizer(store.trials(), objective);
@@ -90,6 +90,12 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
     throw StudyError("study '" + o.study + "': no trial reached the target yet, so there is no samples-to-target " +
                      "to confirm (run more trials, or pass --include-unreached)");
   const auto launcher = study_launcher(store, o.study);
+  // Every run's config is built (and its --set checked) before the study file is written to.
+  std::vector<std::string> configs;
+  for (const auto& t : best) {
+    configs.push_back(export_yaml(t, o.sets));
+    TrainConfig::from_yaml(YAML::Load(configs.back()), "study " + o.study + " trial " + std::to_string(t.number));
+  }
 
   ConfirmStore confirm(db, /*writable=*/true);
   ConfirmResult result;
@@ -97,8 +103,9 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
   const fs::path session_dir = fs::path(db).parent_path() / "confirm" / ("session-" + std::to_string(result.session));
 
   std::deque<Pending> queue;
-  for (const auto& t : best) {
-    const std::string cfg = export_yaml(t, o.sets);
+  for (std::size_t i = 0; i < best.size(); ++i) {
+    const TrialRecord& t = best[i];
+    const std::string& cfg = configs[i];
     for (int64_t seed : o.seeds) {
       Pending p;
       p.run.session = result.session;

@@ -1,4 +1,5 @@
 #include "analysis/ConfirmStore.h"
+#include "studies/StudyStore.h"
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
@@ -61,8 +62,8 @@ void bind_opt(SQLite::Statement& s, int i, const std::optional<double>& v) {
 
 ConfirmStore::ConfirmStore(const std::string& db_path, bool writable) {
   try {
-    db_ = std::make_unique<SQLite::Database>(db_path, writable ? SQLite::OPEN_READWRITE : SQLite::OPEN_READONLY,
-                                             /*busy timeout ms=*/30000);
+    db_ = writable ? std::make_unique<SQLite::Database>(db_path, SQLite::OPEN_READWRITE, /*busy timeout ms=*/30000)
+                   : StudyStore::open_read_only(db_path);
     if (writable) {
       if (db_->tableExists("bs_confirm") && !has_column(*db_, "bs_confirm", "batch")) migrate_add_batch(*db_);
       db_->exec(kSchema);

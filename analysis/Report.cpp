@@ -131,7 +131,7 @@ class Document {
 void study_section(Document& doc, const std::string& name, const std::string& dir, const std::string& out_dir,
                    ReportFiles& files) {
   const std::string db = existing_study_db(dir, name);
-  StudyStore store(db);
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
   const auto objective = StudyObjective::of_study(store, name);
   const auto trials = store.trials();
   const auto counts = count_states(trials);
@@ -341,7 +341,12 @@ void study_section(Document& doc, const std::string& name, const std::string& di
 
 ReportFiles write_report(const ReportOptions& options) {
   if (options.studies.empty()) throw std::invalid_argument("report: name at least one study");
-  for (const auto& n : options.studies) existing_study_db(options.dir, n);  // fail before writing anything
+  // Fail before writing anything: every study present and readable, the output outside every study folder.
+  for (const auto& n : options.studies) StudyStore(existing_study_db(options.dir, n), StudyStore::Mode::kReadOnly);
+  refuse_output_in_study(options.out_dir, "--out");
+  std::error_code ec;
+  if (fs::exists(options.out_dir, ec) && !fs::is_directory(options.out_dir, ec))
+    throw StudyError("--out " + options.out_dir + " exists and is not a folder; give a folder for the report");
   fs::create_directories(options.out_dir);
   ReportFiles files;
   Document doc(options.out_dir);

@@ -13,7 +13,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PY = "/usr/bin/python3"
 RESULTS = os.path.join(ROOT, "bench", "results")
 MODEL_SHAPES = {"tiny": dict(layers=2, hidden=128, heads=2, intermediate=512),
-                "mini": dict(layers=4, hidden=256, heads=4, intermediate=1024)}
+                "mini": dict(layers=4, hidden=256, heads=4, intermediate=1024),
+                "base": dict(layers=12, hidden=768, heads=12, intermediate=3072)}
 CONFIGS = {"tiny": "configs/train/bert-tiny-brown.yaml", "mini": "configs/train/bert-mini-brown.yaml"}
 
 

@@ -19,6 +19,7 @@ import time
 
 MODELS = {"tiny": dict(layers=2, hidden=128, heads=2, intermediate=512),
           "mini": dict(layers=4, hidden=256, heads=4, intermediate=1024),
+          "base": dict(layers=12, hidden=768, heads=12, intermediate=3072),
           "large": dict(layers=24, hidden=1024, heads=16, intermediate=4096)}
 
 
@@ -36,6 +37,8 @@ def parse_args():
     p.add_argument("--profile", action="store_true")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16")
+    p.add_argument("--autocast", action="store_true",
+                   help="fp32 weights, torch.autocast(device, dtype=torch.bfloat16) around forward (mixed precision)")
     p.add_argument("--synthetic-vocab", type=int, default=0,
                    help="random full-length batches with this vocab instead of the shards (bench/gpu.sh)")
     p.add_argument("--seq-len", type=int, default=128)
@@ -59,16 +62,23 @@ torch.set_num_threads(args.threads)
 torch.manual_seed(args.seed)
 
 
+class LayerNorm32(nn.LayerNorm):
+    """LayerNorm in fp32: torch 1.13's CPU autocast leaves layer_norm uncast and fails on bf16 input."""
+
+    def forward(self, x):
+        return F.layer_norm(x.float(), self.normalized_shape, self.weight.float(), self.bias.float(), self.eps)
+
+
 class Layer(nn.Module):
     def __init__(self, H, A, I, p):
         super().__init__()
         self.heads, self.p = A, p
         self.qkv = nn.Linear(H, 3 * H)
         self.attn_out = nn.Linear(H, H)
-        self.ln1 = nn.LayerNorm(H, eps=1e-12)
+        self.ln1 = LayerNorm32(H, eps=1e-12)
         self.inter = nn.Linear(H, I)
         self.out = nn.Linear(I, H)
-        self.ln2 = nn.LayerNorm(H, eps=1e-12)
+        self.ln2 = LayerNorm32(H, eps=1e-12)
 
     def forward(self, x, bias):  # x [B, L, H], bias [B, 1, 1, L]
         B, L, H = x.shape
@@ -90,10 +100,10 @@ class Bert(nn.Module):
         self.word = nn.Embedding(V, H)
         self.pos = nn.Embedding(max_pos, H)
         self.seg = nn.Embedding(2, H)
-        self.ln = nn.LayerNorm(H, eps=1e-12)
+        self.ln = LayerNorm32(H, eps=1e-12)
         self.layers = nn.ModuleList([Layer(H, heads, intermediate, p) for _ in range(layers)])
         self.mlm_dense = nn.Linear(H, H)
-        self.mlm_ln = nn.LayerNorm(H, eps=1e-12)
+        self.mlm_ln = LayerNorm32(H, eps=1e-12)
         self.mlm_bias = nn.Parameter(torch.zeros(V))
         self.pooler = nn.Linear(H, H)
         self.nsp = nn.Linear(H, 2)
@@ -211,7 +221,11 @@ def main():
     def step(i):
         idx = np.sort(order[i * args.batch:(i + 1) * args.batch])  # h5py-style sorted fancy index
         ids, seg, mask, pos, lab, nsp, real = (t.to(dev) if torch.is_tensor(t) else t for t in make_batch(d, idx))
-        mlm_logits, nsp_logits = model(ids, seg, mask, pos)
+        if args.autocast:
+            with torch.autocast(dev.type, dtype=torch.bfloat16):
+                mlm_logits, nsp_logits = model(ids, seg, mask, pos)
+        else:
+            mlm_logits, nsp_logits = model(ids, seg, mask, pos)
         loss = F.cross_entropy(mlm_logits.float(), lab) + F.cross_entropy(nsp_logits.float(), nsp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -242,7 +256,7 @@ def main():
         res["profile_top"] = table
     computed = args.steps * args.batch * L
     flops = training_flops(c, V, args.batch, L, masked / args.steps)
-    res.update({"vocab": V, "seq_len": L, "device": args.device, "dtype": args.dtype, "steps": args.steps, "warmup": args.warmup,
+    res.update({"vocab": V, "seq_len": L, "device": args.device, "dtype": args.dtype, "autocast": args.autocast, "steps": args.steps, "warmup": args.warmup,
                 "step_seconds": wall / args.steps, "samples_per_s": args.steps * args.batch / wall,
                 "tokens_per_s": computed / wall, "effective_tokens_per_s": real / wall,
                 "padding_waste": 1 - real / computed, "train_gflops": flops / (wall / args.steps) / 1e9,

@@ -1,6 +1,7 @@
 // bertsweep data prepare|inspect: parse options, call trainer/PretrainingData and trainer/ShardIO.
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <iomanip>
 #include <iostream>
 #include <sstream>
@@ -44,10 +45,15 @@ DIR/train_00000.hdf5 ..., DIR/eval.hdf5 (held-out documents, masks fixed), DIR/v
   --quiet                  no progress on stderr
 )";
 
-const char* kInspectUsage = R"(usage: bertsweep data inspect DIR|FILE.hdf5
+const char* kInspectUsage = R"(usage: bertsweep data inspect DIR|FILE.hdf5 [--check]
 
 Shows each shard's shapes and sample count, the sequence-length histogram and masking / next-sentence
-statistics. A DIR is read as a prepared dataset (train shards, eval.hdf5, vocab.txt).
+statistics. A DIR is read as a prepared dataset (train shards, eval.hdf5, vocab.txt) and validated exactly as
+`bertsweep train` validates it before training: the shards meta.yaml lists present and their counts equal,
+the vocab's special tokens, every value in range (token ids below the vocab size, segments, next-sentence
+labels and mask in {0, 1}, masked positions inside the sequence, no all-padding sample).
+
+  --check    validate only: print one line per file checked; exit 0 when valid, 3 (data error) otherwise
 )";
 
 double to_double(const Args& a, const std::string& name, double fallback) {
@@ -68,6 +74,13 @@ long long positive_int(const Args& a, const std::string& name, long long fallbac
   return v;
 }
 
+long long bounded_int(const Args& a, const std::string& name, long long fallback, long long min, long long max) {
+  long long v = positive_int(a, name, fallback, min);
+  if (v > max)
+    throw UsageError("option --" + name + " must be at most " + std::to_string(max) + ", got " + std::to_string(v));
+  return v;
+}
+
 int prepare(const Args& a) {
   if (a.has("help")) {
     std::cout << kPrepareUsage;
@@ -81,26 +94,28 @@ int prepare(const Args& a) {
   o.out = a.require("out");
   if (a.has("vocab") == a.has("vocab-size")) throw UsageError("give exactly one of --vocab FILE and --vocab-size N");
   o.vocab_file = a.get("vocab");
-  o.vocab_size = positive_int(a, "vocab-size", 8192, 16);
-  o.pretraining.seq_len = positive_int(a, "seq-len", 128, 8);
-  o.pretraining.max_predictions = positive_int(a, "max-predictions", 20);
-  o.pretraining.dupe_factor = positive_int(a, "dupe-factor", 5);
+  o.vocab_size = bounded_int(a, "vocab-size", 8192, 16, 1000000);
+  o.pretraining.seq_len = bounded_int(a, "seq-len", 128, 8, 65536);
+  o.pretraining.max_predictions = bounded_int(a, "max-predictions", 20, 1, o.pretraining.seq_len);
+  o.pretraining.dupe_factor = bounded_int(a, "dupe-factor", 5, 1, 100);
   o.pretraining.short_seq_prob = to_double(a, "short-seq-prob", 0.1);
   o.pretraining.masked_lm_prob = to_double(a, "masked-lm-prob", 0.15);
-  if (o.pretraining.short_seq_prob < 0 || o.pretraining.short_seq_prob > 1)
+  if (!(o.pretraining.short_seq_prob >= 0 && o.pretraining.short_seq_prob <= 1))  // NaN fails too
     throw UsageError("option --short-seq-prob must be in [0, 1]");
-  if (o.pretraining.masked_lm_prob <= 0 || o.pretraining.masked_lm_prob >= 1)
+  if (!(o.pretraining.masked_lm_prob > 0 && o.pretraining.masked_lm_prob < 1))
     throw UsageError("option --masked-lm-prob must be in (0, 1)");
   o.seed = static_cast<uint64_t>(positive_int(a, "seed", 12345, 0));
   o.max_docs = positive_int(a, "max-docs", 0, 0);
-  o.eval_every = positive_int(a, "eval-every", 20, 2);
-  o.shard_size = positive_int(a, "shard-size", 50000);
+  o.eval_every = bounded_int(a, "eval-every", 20, 2, 1000000);
+  o.shard_size = bounded_int(a, "shard-size", 50000, 1, 100000000);
   o.force = a.has("force");
   const bool quiet = a.has("quiet");
 
-  std::error_code ec;
-  if (fs::exists(o.out, ec) && !(fs::is_directory(o.out, ec) && fs::is_empty(o.out, ec)) && !o.force)
-    throw UsageError("--out " + o.out + " already exists (use --force to replace it)");
+  try {
+    check_dataset_out(o.out, o.force);  // before the corpus is read: a refusal costs nothing
+  } catch (const DataError& e) {
+    throw UsageError(e.what());
+  }
 
   auto progress = [quiet](const std::string& line) {
     if (!quiet) std::cerr << "data prepare: " << line << std::endl;
@@ -166,15 +181,23 @@ int inspect(const Args& a) {
     std::cout << kInspectUsage;
     return exit_code::kOk;
   }
-  a.allow_only({"help"});
+  a.allow_only({"help", "check"});
   if (a.positional().size() != 1) throw UsageError("data inspect takes one DIR or FILE.hdf5");
   const fs::path target = a.positional().front();
   std::error_code ec;
+  if (!fs::exists(target, ec)) throw DataError(target.string() + " does not exist");
   if (fs::is_directory(target, ec)) {
     DataConfig cfg;
     cfg.dir = target.string();
     cfg.seq_len = 0;  // take whatever the shards have
     Dataset ds = load_dataset(cfg);
+    if (a.has("check")) {
+      for (const auto& f : ds.train_files) std::cout << "ok " << f << "\n";
+      std::cout << "ok " << (cfg.eval_file.empty() ? (target / "eval.hdf5").string() : cfg.eval_file) << "\n"
+                << "dataset " << ds.dir << " is valid: " << ds.train.size() << " training + " << ds.eval.size()
+                << " eval samples, vocab " << ds.vocab_size << "\n";
+      return exit_code::kOk;
+    }
     const int64_t mask = mask_id_of(target / "vocab.txt");
     std::cout << "dataset " << ds.dir << ": " << ds.train_files.size() << " training shard(s), vocab size "
               << ds.vocab_size << "\n";
@@ -185,7 +208,18 @@ int inspect(const Args& a) {
     if (fs::exists(meta, ec)) std::cout << "meta: " << meta.string() << "\n";
   } else {
     ShardData d = read_shard(target.string());
-    describe(std::cout, target.string(), d, mask_id_of(target.parent_path() / "vocab.txt"));
+    const fs::path vocab = target.parent_path() / "vocab.txt";
+    int64_t vocab_size = 0;
+    if (fs::is_regular_file(vocab, ec)) {
+      std::ifstream in(vocab);
+      for (std::string line; std::getline(in, line);) ++vocab_size;
+    }
+    check_shard_values(d, target.string(), vocab_size);
+    if (a.has("check")) {
+      std::cout << "ok " << target.string() << ": " << d.size() << " samples, values in range\n";
+      return exit_code::kOk;
+    }
+    describe(std::cout, target.string(), d, mask_id_of(vocab));
   }
   return exit_code::kOk;
 }
@@ -198,7 +232,7 @@ int data_command(const Argv& args) {
     return args.empty() ? exit_code::kUsage : exit_code::kOk;
   }
   const std::string sub = args[0];
-  const Args a(Argv(args.begin() + 1, args.end()), {"quiet", "force", "help"});
+  const Args a(Argv(args.begin() + 1, args.end()), {"quiet", "force", "help", "check"});
   try {
     if (sub == "prepare") return prepare(a);
     if (sub == "inspect") return inspect(a);

@@ -76,6 +76,18 @@ std::string numbered(const std::string& out, int i) {
   return (p.parent_path() / (p.stem().string() + "-" + std::to_string(i) + p.extension().string())).string();
 }
 
+// `--out exports/x.yaml` may create exports/ (relative paths are made beneath the current folder), but an
+// absolute path's folder must exist: a typo such as /nonexistent/dir/x would otherwise make folders at /.
+void check_output_parent(const std::string& out) {
+  const fs::path parent = fs::path(out).parent_path();
+  std::error_code ec;
+  if (parent.empty() || fs::is_directory(parent, ec)) return;
+  if (fs::exists(parent, ec)) throw UsageError("--out " + out + ": " + parent.string() + " is not a folder");
+  if (fs::path(out).is_absolute())
+    throw UsageError("--out " + out + ": the folder " + parent.string() +
+                     " does not exist (create it first, or give a path relative to the current folder)");
+}
+
 // Why nothing matched: the values the COMPLETE trials do have for each --where key.
 std::string where_hint(const std::vector<TrialRecord>& trials, const TrialFilter& filter) {
   std::string hint;
@@ -112,9 +124,13 @@ int export_study(const Args& a) {
   if (top > 1 && out == "-") throw UsageError("--top K needs --out FILE (files FILE-1, FILE-2, ... are written)");
   const auto filter = TrialFilter::parse(a.all("where"));
   const auto sets = a.all("set");
+  if (out != "-") {
+    refuse_output_in_study(out, "--out");  // the numbered files of --top lie in the same folder
+    check_output_parent(out);
+  }
 
   const std::string db = existing_study_db(a.get("dir", "studies"), name);
-  StudyStore store(db);
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
   const auto objective = StudyObjective::of_study(store, name);
   const auto trials = store.trials();
   std::vector<TrialRecord> chosen;
@@ -155,6 +171,8 @@ int export_study(const Args& a) {
     }
     const std::string path = top > 1 ? numbered(out, static_cast<int>(i) + 1) : out;
     if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+    std::error_code ec;
+    if (fs::is_directory(path, ec)) throw UsageError("--out " + path + " is a folder; give a file name");
     std::ofstream f(path, std::ios::binary);
     f << text;
     f.close();
@@ -194,6 +212,11 @@ int confirm_study(const Args& a) {
   o.parallel = static_cast<int>(a.get_int("parallel", 1));
   if (o.parallel < 1) throw UsageError("--parallel must be >= 1");
   o.sets = a.all("set");
+  for (const auto& set : o.sets) {  // before the study is read: a typo is a usage error whatever the study holds
+    const std::string key = set.substr(0, set.find('='));
+    if (set.find('=') == std::string::npos || !TrainConfig::is_key(key))
+      throw UsageError("--set " + set + ": unknown training key '" + key + "' (see `bertsweep train --help`)");
+  }
   o.quiet = a.has("quiet");
   o.per_batch = a.has("per-batch");
   o.include_unreached = a.has("include-unreached");
@@ -221,6 +244,9 @@ int guarded(const std::string& sub, F&& f) {
   } catch (const ConfigError& e) {
     std::cerr << "bertsweep study " << sub << ": config error: " << e.what() << "\n";
     return exit_code::kUsage;
+  } catch (const std::runtime_error& e) {  // a damaged study file, or a write that failed
+    std::cerr << "bertsweep study " << sub << ": " << e.what() << "\n";
+    return exit_code::kStudy;
   }
 }
 

@@ -5,6 +5,7 @@
 #include "cli/Args.h"
 #include "cli/Commands.h"
 #include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
 #include "studies/ConfigExport.h"
 
 namespace bs::cli {
@@ -46,6 +47,14 @@ int report_command(const Argv& args) {
     std::cout << files.html << "\n";
   } catch (const StudyError& e) {
     std::cerr << "bertsweep report: " << e.what() << "\n";
+    return exit_code::kStudy;
+  } catch (const ConfigError&) {
+    throw;
+  } catch (const std::runtime_error& e) {  // a damaged study file (fs errors name the path)
+    std::cerr << "bertsweep report: " << e.what() << "\n";
+    return exit_code::kStudy;
+  } catch (const std::invalid_argument& e) {  // a stored value that is not a number
+    std::cerr << "bertsweep report: a stored value could not be read (" << e.what() << "); the study file is damaged\n";
     return exit_code::kStudy;
   }
   return exit_code::kOk;

@@ -1,4 +1,5 @@
 // bertsweep: the command line. Subcommands only parse and dispatch (cli/*Command.cpp).
+#include <c10/util/Exception.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -66,6 +67,12 @@ int main(int argc, char** argv) {
   } catch (const bs::ConfigError& e) {
     std::cerr << "bertsweep " << cmd << ": config error: " << e.what() << "\n";
     return bs::exit_code::kUsage;
+  } catch (const c10::Error& e) {
+    // LibTorch's messages carry a C++ backtrace: only for developers who ask for it.
+    std::cerr << "bertsweep " << cmd << ": internal error: "
+              << (std::getenv("BERTSWEEP_DEBUG") ? e.what() : e.what_without_backtrace())
+              << (std::getenv("BERTSWEEP_DEBUG") ? "" : " (BERTSWEEP_DEBUG=1 shows the backtrace)") << "\n";
+    return bs::exit_code::kInternal;
   } catch (const std::exception& e) {
     std::cerr << "bertsweep " << cmd << ": error: " << e.what() << "\n";
     return bs::exit_code::kInternal;

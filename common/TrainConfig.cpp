@@ -65,6 +65,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"clip.bucket_mb", &c.clip.bucket_mb},
       {"distributed.backend", &c.distributed.backend},
       {"distributed.timeout_s", &c.distributed.timeout_s},
+      {"distributed.grad_dtype", &c.distributed.grad_dtype},
       {"target.mlm_accuracy", &c.target.mlm_accuracy},
       {"target.max_samples", &c.target.max_samples},
       {"target.eval_every_samples", &c.target.eval_every_samples},
@@ -74,13 +75,15 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"log.progress_every_steps", &c.log.progress_every_steps},
       {"threads", &c.threads},
       {"seed", &c.seed},
+      {"device", &c.device},
+      {"precision", &c.precision},
   };
 }
 
 std::string type_name(const FieldPtr& p) {
   struct V {
-    std::string operator()(int64_t*) const { return "an integer"; }
-    std::string operator()(double*) const { return "a number"; }
+    std::string operator()(int64_t*) const { return "an integer (within 64 bits)"; }
+    std::string operator()(double*) const { return "a finite number"; }
     std::string operator()(bool*) const { return "true or false"; }
     std::string operator()(std::string*) const { return "a string"; }
     std::string operator()(std::vector<int64_t>*) const { return "a list of integers"; }
@@ -89,22 +92,33 @@ std::string type_name(const FieldPtr& p) {
   return std::visit(V{}, p);
 }
 
+// Integers: plain digits, or a whole number written as a float (1e6, 4096.0); anything outside int64 is
+// refused rather than wrapped.
 bool parse_int(const std::string& s, int64_t& out) {
   std::size_t n = 0;
   try {
+    long long v = std::stoll(s, &n, 10);
+    if (n == s.size()) {
+      out = v;
+      return true;
+    }
     double d = std::stod(s, &n);
-    if (n != s.size() || !std::isfinite(d) || std::floor(d) != d) return false;
+    // 2^63 is the first double outside int64.
+    if (n != s.size() || !std::isfinite(d) || std::floor(d) != d || d >= 9223372036854775808.0 ||
+        d < -9223372036854775808.0)
+      return false;
     out = static_cast<int64_t>(d);
     return true;
-  } catch (...) {
+  } catch (...) {  // out_of_range included: past int64
     return false;
   }
 }
+// Numbers must be finite: no key means anything with nan or inf.
 bool parse_double(const std::string& s, double& out) {
   std::size_t n = 0;
   try {
     out = std::stod(s, &n);
-    return n == s.size();
+    return n == s.size() && std::isfinite(out);
   } catch (...) {
     return false;
   }
@@ -218,6 +232,9 @@ const std::set<std::string>& one_of(const std::string& key) {
       {"schedule.name", {"constant", "poly", "linear", "cosine", "inv_sqrt"}},
       {"clip.mode", {"none", "global_after_allreduce", "bucket_before_allreduce", "local_before_allreduce"}},
       {"distributed.backend", {"none", "mpi", "gloo", "nccl", "auto"}},
+      {"distributed.grad_dtype", {"fp32", "compute"}},
+      {"device", {"auto", "cpu", "cuda"}},
+      {"precision", {"auto", "fp32", "bf16", "fp16"}},
   };
   return m.at(key);
 }
@@ -233,11 +250,35 @@ std::string where(const YAML::Node& node, const std::string& source) {
 }
 
 YAML::Node load_file(const std::string& path) {
-  if (!fs::exists(path)) throw ConfigError(path + ": file not found (check the path given to --config)");
+  std::error_code ec;
+  if (!fs::exists(path, ec)) throw ConfigError(path + ": file not found (check the path given to --config)");
+  if (fs::is_directory(path, ec)) throw ConfigError(path + ": is a folder, not a YAML file (name the file in it)");
+  if (!fs::is_regular_file(path, ec))
+    throw ConfigError(path + ": is not a regular file (a FIFO, socket or device); give a YAML file");
+  if (fs::file_size(path, ec) > 16 * 1024 * 1024)
+    throw ConfigError(path + ": is larger than 16 MiB; a config is a small YAML file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot be read (check its permissions)");
   try {
-    return YAML::Load(in);
+    YAML::Node root = YAML::Load(in);
+    // yaml-cpp keeps both entries of a repeated key and later merges silently keep one: refuse it here.
+    std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
+                                                                         const std::string& prefix) {
+      if (n.IsMap()) {
+        std::set<std::string> seen;
+        for (const auto& kv : n) {
+          const std::string k = kv.first.IsScalar() ? kv.first.Scalar() : YAML::Dump(kv.first);
+          if (!seen.insert(k).second)
+            throw ConfigError(where(kv.first, path) + ": key '" + prefix + k +
+                              "' is given twice (only one would be used; delete the other)");
+          walk(kv.second, prefix + k + ".");
+        }
+      } else if (n.IsSequence()) {
+        for (const auto& e : n) walk(e, prefix);
+      }
+    };
+    walk(root, "");
+    return root;
   } catch (const YAML::Exception& e) {
     throw ConfigError(path + ":" + std::to_string(e.mark.line + 1) + ": YAML syntax error: " + e.msg);
   }
@@ -318,13 +359,21 @@ TrainConfig TrainConfig::from_yaml(const YAML::Node& in, const std::string& sour
     auto dot = f.path.find('.');
     if (dot != std::string::npos) sections.insert(f.path.substr(0, dot));
   }
+  std::set<std::string> seen;
+  auto once = [&](const std::string& path, const YAML::Node& key) {
+    if (!seen.insert(path).second)
+      throw ConfigError(yaml::where(key, source) + ": key '" + path + "' is given twice (YAML would keep only one; "
+                        "delete the other)");
+  };
   for (const auto& kv : node) {
     const std::string k = kv.first.Scalar();
+    once(k, kv.first);
     if (sections.count(k)) {
       if (!kv.second.IsMap() && !kv.second.IsNull())
         throw ConfigError(yaml::where(kv.second, source) + ": '" + k + "' must be a mapping of keys");
       for (const auto& kv2 : kv.second) {
         std::string p = k + "." + kv2.first.Scalar();
+        once(p, kv2.first);
         auto it = by_path.find(p);
         if (it == by_path.end())
           throw ConfigError(yaml::where(kv2.first, source) + ": unknown key '" + p +
@@ -373,12 +422,26 @@ void TrainConfig::validate(const std::string& source) const {
   check_one_of("schedule.name", schedule.name);
   check_one_of("clip.mode", clip.mode);
   check_one_of("distributed.backend", distributed.backend);
+  check_one_of("distributed.grad_dtype", distributed.grad_dtype);
+  check_one_of("device", device);
+  check_one_of("precision", precision);
   if (model.vocab_size < 0) fail("model.vocab_size", "must be >= 0 (0: from the dataset)");
   if (model.hidden <= 0) fail("model.hidden", "must be > 0");
   if (model.layers <= 0) fail("model.layers", "must be > 0");
+  // Sizes past these are typos, not models (BERT-large is 24 x 1024, vocab 30522, 512 positions): the
+  // memory estimate below catches what is in range but does not fit.
+  if (model.vocab_size > 1000000) fail("model.vocab_size", "must be <= 1,000,000");
+  if (model.hidden > 16384) fail("model.hidden", "must be <= 16384");
+  if (model.layers > 512) fail("model.layers", "must be <= 512");
+  if (model.intermediate > 65536) fail("model.intermediate", "must be <= 65536");
+  if (model.max_position > 65536) fail("model.max_position", "must be <= 65536");
+  if (model.type_vocab_size < 2 || model.type_vocab_size > 16)
+    fail("model.type_vocab_size", "must be in [2, 16] (BERT's two segments need 2)");
+  if (model.heads > model.hidden) fail("model.heads", "must be <= model.hidden");
   if (model.heads <= 0 || model.hidden % model.heads != 0)
     fail("model.heads", "must be > 0 and divide model.hidden (" + std::to_string(model.hidden) + ")");
   if (model.intermediate <= 0) fail("model.intermediate", "must be > 0");
+  if (model.max_position <= 0) fail("model.max_position", "must be > 0");
   if (model.dropout < 0 || model.dropout >= 1) fail("model.dropout", "must be in [0, 1)");
   if (data.seq_len <= 1) fail("data.seq_len", "must be > 1");
   if (data.seq_len > model.max_position)
@@ -398,9 +461,15 @@ void TrainConfig::validate(const std::string& source) const {
     fail("schedule.warmup_fraction", "must be in [0, 1]");
   if (schedule.warmup_steps < -1) fail("schedule.warmup_steps", "must be >= 0 (or -1: use warmup_fraction)");
   if (schedule.power <= 0) fail("schedule.power", "must be > 0");
+  if (schedule.total_steps < 0) fail("schedule.total_steps", "must be >= 0 (0: target.max_samples / batch.global)");
+  if (schedule.start_warmup_step < 0) fail("schedule.start_warmup_step", "must be >= 0");
   if (schedule.end_lr < 0) fail("schedule.end_lr", "must be >= 0");
   if (batch.global <= 0) fail("batch.global", "must be > 0");
   if (batch.micro <= 0) fail("batch.micro", "must be > 0");
+  if (batch.micro > batch.global)
+    fail("batch.micro", "(" + std::to_string(batch.micro) + ") is larger than batch.global (" +
+                            std::to_string(batch.global) + "): a micro-batch is a part of one rank's share of the "
+                            "global batch; set batch.micro <= batch.global");
   if (clip.max_norm <= 0) fail("clip.max_norm", "must be > 0");
   if (clip.bucket_mb <= 0) fail("clip.bucket_mb", "must be > 0");
   if (distributed.timeout_s <= 0) fail("distributed.timeout_s", "must be > 0");
@@ -408,7 +477,11 @@ void TrainConfig::validate(const std::string& source) const {
   if (target.max_samples <= 0) fail("target.max_samples", "must be > 0");
   if (target.eval_every_samples <= 0) fail("target.eval_every_samples", "must be > 0");
   if (checkpoint.every_samples < 0) fail("checkpoint.every_samples", "must be >= 0");
-  if (threads < 0) fail("threads", "must be >= 0 (0: all cores)");
+  if (threads < 0 || threads > 1024) fail("threads", "must be in [0, 1024] (0: this process's share of the cores)");
+  if (seed < 0) fail("seed", "must be >= 0");
+  if (data.eval_samples < 0) fail("data.eval_samples", "must be >= 0 (0: the whole eval set)");
+  if (log.progress_every_steps < 1) fail("log.progress_every_steps", "must be >= 1");
+  if (data.seq_len > 65536) fail("data.seq_len", "must be <= 65536");
 }
 
 const std::vector<std::string>& TrainConfig::keys() {

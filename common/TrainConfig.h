@@ -73,6 +73,7 @@ struct ClipConfig {
 struct DistributedConfig {
   std::string backend = "auto";        // none | mpi | gloo | nccl | auto
   double timeout_s = 120.0;            // a peer silent this long is an error, not a hang
+  std::string grad_dtype = "fp32";     // fp32 | compute: the dtype gradient buckets are all-reduced in
 };
 
 struct TargetConfig {
@@ -104,6 +105,8 @@ struct TrainConfig {
   LogConfig log;
   int64_t threads = 0;                 // 0: all cores of this process's share
   int64_t seed = 1;
+  std::string device = "auto";         // auto | cpu | cuda
+  std::string precision = "auto";      // auto | fp32 | bf16 | fp16: the compute dtype (masters stay fp32)
 
   // Reads a YAML file (following `extends:`), applies `key.path=value` overrides, checks types and ranges.
   static TrainConfig load(const std::string& path, const std::vector<std::string>& sets = {});

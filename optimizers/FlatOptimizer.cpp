@@ -36,6 +36,12 @@ std::vector<torch::Tensor> FlatOptimizer::grad_buffers() const {
   return out;
 }
 
+std::vector<torch::Tensor> FlatOptimizer::param_buffers() const {
+  std::vector<torch::Tensor> out;
+  for (const auto& g : groups_) out.push_back(g.params());
+  return out;
+}
+
 namespace {
 constexpr const char* kScratchPrefix = "scratch_";
 bool is_scratch(const std::string& name) { return name.rfind(kScratchPrefix, 0) == 0; }

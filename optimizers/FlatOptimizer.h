@@ -23,6 +23,7 @@ class FlatOptimizer : public Optimizer {
   void save(torch::serialize::OutputArchive& ar) const override;
   void load(torch::serialize::InputArchive& ar) override;
   std::vector<torch::Tensor> grad_buffers() const override;
+  std::vector<torch::Tensor> param_buffers() const override;
   int64_t steps_taken() const override { return step_; }
 
   const std::vector<FlatParamGroup>& groups() const { return groups_; }

@@ -28,6 +28,9 @@ class Optimizer {
   // The contiguous gradient buffers (one per group) that backward accumulates into; gradient
   // bucketing/allreduce and clipping may work on these directly.
   virtual std::vector<torch::Tensor> grad_buffers() const = 0;
+  // The contiguous parameter buffers (fp32 masters under mixed precision), parallel to grad_buffers():
+  // a compute copy mirrors their layout so that refreshing it is one cast per buffer.
+  virtual std::vector<torch::Tensor> param_buffers() const = 0;
   // Number of step() calls so far (restored by load()).
   virtual int64_t steps_taken() const = 0;
 };

@@ -138,9 +138,10 @@ class StudyRun {
       : c_(c), o_(o), dir_(dir), store_(dir + "/study.db") {}
 
   int run() {
+    // Everything that can refuse the study comes before the first write to bs_ tables.
     check_same_study();
-    store_.save_study(c_.name, c_.to_yaml_string());
     bridge_ = std::make_unique<OptunaBridge>(store_.path(), c_);
+    store_.save_study(c_.name, c_.to_yaml_string());
     record_environment();
     recover_dead_controller();
     base_ = c_.base();
@@ -178,6 +179,16 @@ class StudyRun {
     if (draining) {
       say("stopped before the budget was spent; continue with `bertsweep study resume " + c_.name + "`");
       return exit_code::kTerminated;
+    }
+    int finished = 0, failed = 0;
+    for (const auto& t : store_.trials()) {
+      finished += t.state == trial_state::kComplete || t.state == trial_state::kPruned;
+      failed += t.state == trial_state::kFail;
+    }
+    if (finished == 0 && failed > 0) {
+      say("every trial failed (" + std::to_string(failed) + "): see the reasons with `bertsweep study status " +
+          c_.name + "` and the logs under " + dir_ + "/trials/");
+      return exit_code::kStudy;
     }
     return exit_code::kOk;
   }
@@ -389,6 +400,19 @@ class StudyRun {
       p.overlap = ev->number("overlap");
       p.step_seconds = ev->number("step_seconds");
       store_.add_throughput(p);
+    } else if (ev->kind == "start") {
+      // What `device`/`precision: auto` resolved to on the trial's machine: the stored (and exported)
+      // config then states exactly what ran.
+      auto device = ev->strings.find("device"), precision = ev->strings.find("precision");
+      if (device != ev->strings.end() && precision != ev->strings.end()) {
+        try {
+          r.rec.config_yaml = TrainConfig::from_yaml(YAML::Load(r.rec.config_yaml), "trial config",
+                                                     {"device=" + device->second, "precision=" + precision->second})
+                                  .to_yaml_string();
+          store_.update_trial(r.rec);
+        } catch (const ConfigError&) {  // an old or foreign trainer: keep the config as launched
+        }
+      }
     } else if (ev->kind == "rank_load") {
       store_.add_rank_load({n, static_cast<int64_t>(ev->number("step")), line});
     } else if (ev->kind == "done") {
@@ -559,7 +583,7 @@ StudyConfig load_stored_study(const std::string& dir, const std::string& name) {
   if (!fs::exists(db))
     throw std::runtime_error("no study '" + name + "' in " + dir + " (" + db +
                              " not found; check --dir or start it with `bertsweep study run`)");
-  StudyStore store(db);
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
   auto text = store.study_config(name);
   if (!text) throw std::runtime_error(db + ": holds no bertsweep study named '" + name + "'");
   return StudyConfig::from_yaml(YAML::Load(*text), db + " (stored study config)");
@@ -567,7 +591,7 @@ StudyConfig load_stored_study(const std::string& dir, const std::string& name) {
 
 std::string study_status_text(const std::string& dir, const std::string& name) {
   StudyConfig c = load_stored_study(dir, name);
-  StudyStore store(search::study_dir(dir, name) + "/study.db");
+  StudyStore store(search::study_dir(dir, name) + "/study.db", StudyStore::Mode::kReadOnly);
   auto trials = store.trials();
   bool maximize = c.directions[0] == "maximize";
   auto rank = [](const std::string& s) {

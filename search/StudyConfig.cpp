@@ -72,6 +72,33 @@ void check_launcher_arg(const std::string& arg, const YAML::Node& n, const std::
 }
 }  // namespace
 
+// Every value a parameter can take is checked against its key before the first trial: a choice of
+// `optimizer.name: rmsprop` or `batch.global: [0, -16]` would otherwise fail every trial. Each candidate
+// (every choice; low and high of a range) is applied to the base config alone; an error that names this
+// key is the space's fault, one that names another key comes from a combination and is left to the trial.
+static void check_space_values(const SearchSpace& space, const YAML::Node& base, const std::string& base_source) {
+  for (const auto& p : space.params()) {
+    std::vector<std::string> candidates;
+    if (p.kind == SpaceParam::Kind::kChoice) {
+      for (const auto& v : p.choices) candidates.push_back(to_string(v));
+    } else if (p.kind == SpaceParam::Kind::kInt) {
+      candidates = {std::to_string(static_cast<int64_t>(p.low)), std::to_string(static_cast<int64_t>(p.high))};
+    } else {
+      candidates = {to_string(ParamValue(p.low)), to_string(ParamValue(p.high))};
+    }
+    for (const auto& v : candidates) {
+      try {
+        TrainConfig::from_yaml(YAML::Clone(base), base_source, {p.key + "=" + v});
+      } catch (const ConfigError& e) {
+        const std::string what = e.what();
+        if (what.find("'" + p.key + "'") != std::string::npos)
+          throw ConfigError(p.where + ": parameter '" + p.key + "' can take the value " + v +
+                            ", which the training config refuses: " + what);
+      }
+    }
+  }
+}
+
 bool is_valid_study_name(const std::string& name) {
   static const std::regex re("[A-Za-z0-9_.-]+");
   return std::regex_match(name, re) && name != "." && name != "..";
@@ -193,6 +220,7 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
   c.base_yaml = TrainConfig::from_yaml(base, base_source, base_sets).to_yaml_string();
 
   c.space = SearchSpace::from_yaml(node["space"], node["derived"], source);
+  check_space_values(c.space, YAML::Load(c.base_yaml), base_source);
   if (node["space"]) c.space_yaml_ = YAML::Dump(node["space"]);
   if (node["derived"]) c.derived_yaml_ = YAML::Dump(node["derived"]);
   if (c.sampler == "grid") {

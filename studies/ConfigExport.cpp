@@ -1,3 +1,4 @@
+#include <cctype>
 #include "studies/ConfigExport.h"
 
 #include <yaml-cpp/yaml.h>
@@ -17,6 +18,11 @@ namespace bs {
 namespace fs = std::filesystem;
 
 std::string existing_study_db(const std::string& dir, const std::string& name) {
+  bool plain = !name.empty() && name != "." && name != "..";
+  for (char c : name)
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '_' && c != '.' && c != '-') plain = false;
+  if (!plain)
+    throw StudyError("study name '" + name + "' may only contain letters, digits, '_', '.', '-' (and is not . or ..)");
   fs::path db = fs::path(dir) / name / "study.db";
   if (fs::is_regular_file(db)) return db.string();
   std::string known;
@@ -26,6 +32,22 @@ std::string existing_study_db(const std::string& dir, const std::string& name) {
       if (fs::is_regular_file(e.path() / "study.db")) known += (known.empty() ? "" : ", ") + e.path().filename().string();
   throw StudyError("unknown study '" + name + "': " + db.string() + " does not exist (studies in " + dir + ": " +
                    (known.empty() ? "none" : known) + "; pass --dir to look elsewhere)");
+}
+
+void refuse_output_in_study(const std::string& path, const std::string& flag) {
+  std::error_code ec;
+  const fs::path p = fs::weakly_canonical(fs::absolute(path, ec), ec);
+  const std::string file = p.filename().string();
+  for (const char* own : {"study.db", "study.db-wal", "study.db-shm", "study.db-journal", "controller.lock"})
+    if (file == own)
+      throw StudyError(flag + " " + path + " names a study's own file (" + file + "); write elsewhere, e.g. " + flag +
+                       " exports/best.yaml");
+  for (fs::path dir = p; !dir.empty(); dir = dir.parent_path()) {
+    if (fs::exists(dir / "study.db", ec))
+      throw StudyError(flag + " " + path + " lies inside the study folder " + dir.string() +
+                       " (it holds study.db); write outside it, e.g. " + flag + " exports/" + file);
+    if (dir == dir.root_path()) break;
+  }
 }
 
 namespace {

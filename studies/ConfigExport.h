@@ -18,8 +18,14 @@ struct StudyError : std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-// studies/NAME/study.db; throws StudyError naming the path (and the studies found in `dir`) when absent.
+// studies/NAME/study.db; throws StudyError naming the path (and the studies found in `dir`) when absent,
+// and for a NAME that `study run` would refuse ([A-Za-z0-9_.-]+, not "." or "..").
 std::string existing_study_db(const std::string& dir, const std::string& name);
+
+// Refuses (StudyError) an output path that is a study's own file or lies inside a study folder (any folder
+// above it holds a study.db): an export or report must never overwrite what a study stores. `flag` names
+// the option in the message (e.g. "--out").
+void refuse_output_in_study(const std::string& path, const std::string& flag);
 
 // What "best" means for a study: its first objective (a metric) and direction, read from bs_study.
 struct StudyObjective {

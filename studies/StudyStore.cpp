@@ -3,6 +3,9 @@
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <SQLiteCpp/VariadicBind.h>
 
+#include <cctype>
+#include <cstdio>
+#include <filesystem>
 #include <sstream>
 #include <stdexcept>
 
@@ -126,7 +129,25 @@ TrialRecord read_trial(SQLite::Statement& q) {
 
 }  // namespace
 
-StudyStore::StudyStore(const std::string& db_path) : path_(db_path) {
+StudyStore::StudyStore(const std::string& db_path, Mode mode) : path_(db_path), mode_(mode) {
+  if (mode == Mode::kReadOnly) {
+    std::error_code ec;
+    if (!std::filesystem::is_regular_file(db_path, ec))
+      throw std::runtime_error(db_path + ": no study database here (check the study name and --dir)");
+    if (std::filesystem::file_size(db_path, ec) == 0)
+      throw std::runtime_error(db_path + ": the study database is empty (0 bytes), not a bertsweep study; "
+                               "restore it from a backup or start a new study with `bertsweep study run`");
+    try {
+      db_ = open_read_only(db_path);
+      if (!has_table("bs_study") || !has_table("bs_trials"))
+        throw std::runtime_error(db_path + ": a SQLite file without bertsweep's bs_study/bs_trials tables, "
+                                 "not a bertsweep study");
+    } catch (const SQLite::Exception& e) {
+      throw std::runtime_error(db_path + ": cannot read the study database: " + e.what() +
+                               " (a damaged or foreign file; restore it from a backup)");
+    }
+    return;
+  }
   try {
     db_ = std::make_unique<SQLite::Database>(db_path, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE,
                                              /*busy timeout ms=*/30000);
@@ -142,10 +163,38 @@ StudyStore::StudyStore(const std::string& db_path) : path_(db_path) {
   }
 }
 
+std::unique_ptr<SQLite::Database> StudyStore::open_read_only(const std::string& db_path) {
+  std::error_code ec;
+  if (std::filesystem::exists(db_path + "-wal", ec))
+    return std::make_unique<SQLite::Database>(db_path, SQLite::OPEN_READONLY, /*busy timeout ms=*/30000);
+  // file: URI of the absolute path, every byte outside the unreserved set percent-encoded.
+  const std::string abs = std::filesystem::absolute(db_path, ec).string();
+  std::string uri = "file:";
+  for (unsigned char c : abs) {
+    if (std::isalnum(c) || c == '/' || c == '.' || c == '_' || c == '-' || c == '~') {
+      uri += static_cast<char>(c);
+    } else {
+      char buf[4];
+      std::snprintf(buf, sizeof buf, "%%%02X", c);
+      uri += buf;
+    }
+  }
+  uri += "?immutable=1";
+  return std::make_unique<SQLite::Database>(uri, SQLite::OPEN_READONLY | SQLite::OPEN_URI, /*busy timeout ms=*/30000);
+}
+
+bool StudyStore::has_table(const std::string& table) const {
+  SQLite::Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
+  q.bind(1, table);
+  return q.executeStep();
+}
+
 StudyStore::~StudyStore() = default;
 
 void StudyStore::save_study(const std::string& name, const std::string& config_yaml) {
-  SQLite::Statement s(*db_, "INSERT OR REPLACE INTO bs_study(name, config_yaml) VALUES (?, ?)");
+  SQLite::Statement s(*db_,
+                      "INSERT INTO bs_study(name, config_yaml) VALUES (?, ?) ON CONFLICT(name) DO UPDATE SET "
+                      "config_yaml = excluded.config_yaml WHERE config_yaml IS NOT excluded.config_yaml");
   s.bind(1, name);
   s.bind(2, config_yaml);
   s.exec();
@@ -183,6 +232,7 @@ int64_t StudyStore::record_environment(const std::map<std::string, std::string>&
 }
 
 std::map<std::string, std::string> StudyStore::environment(int64_t session) const {
+  if (!has_table("bs_environment")) return {};
   if (session < 0) {
     SQLite::Statement q(*db_, "SELECT COALESCE(MAX(session), 0) FROM bs_environment");
     q.executeStep();
@@ -277,6 +327,7 @@ void StudyStore::add_rank_load(const RankLoadPoint& p) {
 }
 
 std::vector<EvalPoint> StudyStore::evals(int64_t trial) const {
+  if (read_only() && !has_table("bs_evals")) return {};
   SQLite::Statement q(*db_, trial < 0 ? "SELECT trial, step, samples, mlm_accuracy, loss, seconds FROM bs_evals "
                                         "ORDER BY trial, samples"
                                       : "SELECT trial, step, samples, mlm_accuracy, loss, seconds FROM bs_evals "
@@ -290,6 +341,7 @@ std::vector<EvalPoint> StudyStore::evals(int64_t trial) const {
 }
 
 std::vector<ThroughputPoint> StudyStore::throughput(int64_t trial) const {
+  if (read_only() && !has_table("bs_throughput")) return {};
   std::string sql =
       "SELECT trial, step, samples, samples_per_s, tokens_per_s, padding_waste, imbalance, overlap, step_seconds "
       "FROM bs_throughput";
@@ -314,6 +366,7 @@ std::vector<ThroughputPoint> StudyStore::throughput(int64_t trial) const {
 }
 
 std::vector<RankLoadPoint> StudyStore::rank_load(int64_t trial) const {
+  if (read_only() && !has_table("bs_rank_load")) return {};
   SQLite::Statement q(*db_, trial < 0 ? "SELECT trial, step, json FROM bs_rank_load ORDER BY trial, step"
                                       : "SELECT trial, step, json FROM bs_rank_load WHERE trial = ? ORDER BY step");
   if (trial >= 0) q.bind(1, trial);

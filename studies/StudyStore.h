@@ -61,15 +61,27 @@ struct RankLoadPoint {
 
 class StudyStore {
  public:
-  // Opens (creating when absent) the SQLite file and the bs_ tables.
-  explicit StudyStore(const std::string& db_path);
+  enum class Mode {
+    kReadWrite,  // the controller: creates the file and the bs_ tables when absent
+    kReadOnly,   // status, export, report, refused commands: never creates, migrates or writes anything
+  };
+  // Read-only opening fails (std::runtime_error naming the file) when the file is missing or holds no
+  // bertsweep study (e.g. 0 bytes, or another SQLite file); tables added by later versions read as empty.
+  explicit StudyStore(const std::string& db_path, Mode mode = Mode::kReadWrite);
   ~StudyStore();
   StudyStore(const StudyStore&) = delete;
   StudyStore& operator=(const StudyStore&) = delete;
 
   const std::string& path() const { return path_; }
+  bool read_only() const { return mode_ == Mode::kReadOnly; }
+
+  // A read-only SQLite connection that leaves no trace: while no WAL file exists (no controller is writing,
+  // none died mid-write) the file is opened immutable, so SQLite creates no -wal/-shm beside it; otherwise a
+  // plain read-only connection reads the WAL the writer keeps. Throws SQLite::Exception.
+  static std::unique_ptr<SQLite::Database> open_read_only(const std::string& db_path);
 
   // bs_study: the study's name and its config as given (to check that a continued study is the same).
+  // Inserts the row, or updates only its config when it differs (`created` is kept).
   void save_study(const std::string& name, const std::string& config_yaml);
   std::optional<std::string> study_config(const std::string& name) const;
   std::vector<std::string> study_names() const;
@@ -96,7 +108,10 @@ class StudyStore {
   std::vector<RankLoadPoint> rank_load(int64_t trial = -1) const;
 
  private:
+  bool has_table(const std::string& table) const;
+
   std::string path_;
+  Mode mode_;
   std::unique_ptr<SQLite::Database> db_;
 };
 

@@ -92,6 +92,34 @@ RunResult run(const std::vector<std::string>& argv, double timeout_s) {
   return r;
 }
 
+namespace {
+std::string prepared(const std::string& name, const std::vector<std::string>& flags) {
+  fs::path dir = fs::path(work_root()) / name;
+  std::string lock = work_root() + "/" + name + ".lock";
+  int fd = open(lock.c_str(), O_CREAT | O_RDWR, 0644);
+  flock(fd, LOCK_EX);
+  if (!fs::exists(dir / "eval.hdf5")) {
+    std::vector<std::string> a = {bertsweep_bin(), "data", "prepare"};
+    a.insert(a.end(), flags.begin(), flags.end());
+    a.insert(a.end(), {"--quiet", "--out", dir.string()});
+    auto r = run(a, 1800);
+    if (r.exit_code != 0) {
+      flock(fd, LOCK_UN);
+      close(fd);
+      throw std::runtime_error("data prepare failed (" + std::to_string(r.exit_code) + "): " + r.err);
+    }
+  }
+  flock(fd, LOCK_UN);
+  close(fd);
+  return dir.string();
+}
+}  // namespace
+
+std::string brown_dataset() {
+  // What configs/data/brown.yaml documents and scripts/demo makes as data/brown.
+  return prepared("brown-full", {"--corpus", "brown", "--vocab-size", "8192", "--seq-len", "128"});
+}
+
 std::string small_brown_dataset() {
   fs::path dir = fs::path(work_root()) / "brown-small";
   // Tests run in parallel: one prepares, the others wait on the lock.

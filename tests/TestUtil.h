@@ -16,4 +16,6 @@ struct RunResult {
 RunResult run(const std::vector<std::string>& argv, double timeout_s = 600);
 // A small prepared Brown dataset shared by tests (prepared once per build dir, reused): returns its dir.
 std::string small_brown_dataset();
+// The whole Brown corpus as data/brown (8192-token vocab, seq 128): minutes to prepare, for long tests.
+std::string brown_dataset();
 }  // namespace bs::test

@@ -34,6 +34,19 @@ torch::nn::LayerNorm make_layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps).elementwise_affine(true));
 }
 
+bool reduced(const torch::Tensor& x) {
+  return x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
+}
+
+// LayerNorm whose statistics are computed in fp32 for bf16/fp16 activations (as production mixed precision
+// does: a bf16 variance loses the small differences post-LN BERT depends on).
+torch::Tensor layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
+  if (!reduced(x)) return ln->forward(x);
+  return torch::layer_norm(x.to(torch::kFloat), {x.size(-1)}, ln->weight.to(torch::kFloat),
+                           ln->bias.to(torch::kFloat), kLayerNormEps)
+      .to(x.scalar_type());
+}
+
 torch::Tensor apply_dropout(const torch::Tensor& x, double p, bool training) {
   if (!training || p <= 0) return x;
   return torch::dropout(x, p, /*train=*/true);
@@ -102,7 +115,7 @@ torch::Tensor BertEmbeddingsImpl::forward(const BertInputs& in) {
   auto x = word_embeddings->forward(in.input_ids.reshape({-1}));
   x = x + position_embeddings->forward(in.position_ids.reshape({-1}));
   x.add_(token_type_embeddings->forward(in.segment_ids.reshape({-1})));
-  return apply_dropout(LayerNorm->forward(x), dropout, is_training());
+  return apply_dropout(layer_norm(LayerNorm, x), dropout, is_training());
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -128,7 +141,9 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
   scores.add_(bias);  // broadcast [B,1,1,L] or [B,1,L,L]
   torch::Tensor probs;
-  if (torch::GradMode::is_enabled()) {
+  if (reduced(scores)) {
+    probs = torch::softmax(scores, -1, torch::kFloat).to(scores.scalar_type());  // fp32 softmax
+  } else if (torch::GradMode::is_enabled()) {
     probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
   } else {
     probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
@@ -137,7 +152,7 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
 #endif
   auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
   auto out = apply_dropout(output->forward(merged), dropout, is_training());
-  return LayerNorm->forward(out.add_(x));
+  return layer_norm(LayerNorm, out.add_(x));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -150,7 +165,7 @@ BertFeedForwardImpl::BertFeedForwardImpl(const ModelConfig& cfg) : dropout(cfg.d
 torch::Tensor BertFeedForwardImpl::forward(const torch::Tensor& x) {
   auto h = torch::gelu(intermediate->forward(x));  // erf form (the default)
   auto out = apply_dropout(output->forward(h), dropout, is_training());
-  return LayerNorm->forward(out.add_(x));
+  return layer_norm(LayerNorm, out.add_(x));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -172,7 +187,7 @@ BertMlmHeadImpl::BertMlmHeadImpl(const ModelConfig& cfg) {
 }
 
 torch::Tensor BertMlmHeadImpl::forward(const torch::Tensor& masked_hidden, const torch::Tensor& word_embeddings) {
-  auto h = LayerNorm->forward(torch::gelu(transform->forward(masked_hidden)));
+  auto h = layer_norm(LayerNorm, torch::gelu(transform->forward(masked_hidden)));
   return torch::linear(h, word_embeddings, decoder_bias);  // [M, vocab]
 }
 

@@ -2,7 +2,12 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 
+#include <cstdio>
 #include <filesystem>
+#include <fstream>
+#include <map>
+#include <sstream>
+#include <vector>
 
 #include "trainer/Communicator.h"
 #include "trainer/ShardIO.h"
@@ -27,7 +32,76 @@ void atomic_save(torch::serialize::OutputArchive& ar, const fs::path& path) {
   ar.save_to(tmp.string());
   fs::rename(tmp, path);
 }
+
+std::string rng_name(int64_t rank) { return "rng_rank" + std::to_string(rank) + ".pt"; }
+
+// One line per file: "<fnv1a64 hex> <bytes> <name>". Written last, so a set whose files do not all match it
+// (a kill mid-write, a damaged or replaced file) is refused instead of resumed.
+constexpr const char* kManifest = "checksums.txt";
+
+std::string hex64(uint64_t v) {
+  char buf[17];
+  std::snprintf(buf, sizeof buf, "%016llx", static_cast<unsigned long long>(v));
+  return buf;
+}
+
+struct ManifestEntry {
+  uint64_t hash = 0;
+  uint64_t bytes = 0;
+};
+
+std::map<std::string, ManifestEntry> read_manifest(const fs::path& dir) {
+  const fs::path path = dir / kManifest;
+  std::ifstream in(path);
+  if (!in)
+    throw DataError(path.string() + " is missing: the checkpoint set in " + dir.string() +
+                    " is incomplete (a run killed while writing it, or an older bertsweep); start a fresh "
+                    "checkpoint.dir or remove --resume");
+  std::map<std::string, ManifestEntry> out;
+  for (std::string line; std::getline(in, line);) {
+    std::istringstream ss(line);
+    std::string hash, name;
+    ManifestEntry e;
+    if (!(ss >> hash >> e.bytes >> name) || hash.size() != 16)
+      throw DataError(path.string() + ": damaged line '" + line.substr(0, 80) + "'");
+    e.hash = std::stoull(hash, nullptr, 16);
+    out[name] = e;
+  }
+  return out;
+}
+
+void verify(const fs::path& dir, const std::map<std::string, ManifestEntry>& manifest, const std::string& name) {
+  const fs::path path = dir / name;
+  auto it = manifest.find(name);
+  if (it == manifest.end())
+    throw DataError(path.string() + " is not listed in " + (dir / kManifest).string() +
+                    ": the checkpoint set is incomplete (written by another number of ranks?)");
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec))
+    throw DataError(path.string() + " is missing from the checkpoint set (listed in " + (dir / kManifest).string() + ")");
+  const uint64_t bytes = fs::file_size(path, ec);
+  if (bytes != it->second.bytes || file_checksum(path.string()) != it->second.hash)
+    throw DataError(path.string() + " does not match its checksum in " + (dir / kManifest).string() + " (" +
+                    std::to_string(bytes) + " bytes, expected " + std::to_string(it->second.bytes) +
+                    "): the checkpoint is damaged or incomplete; resume from a good copy or start a fresh checkpoint.dir");
+}
 }  // namespace
+
+uint64_t file_checksum(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw DataError("cannot read " + path);
+  uint64_t h = 1469598103934665603ULL;  // FNV-1a 64
+  std::vector<char> buf(1 << 20);
+  while (in) {
+    in.read(buf.data(), static_cast<std::streamsize>(buf.size()));
+    const std::streamsize n = in.gcount();
+    for (std::streamsize i = 0; i < n; ++i) {
+      h ^= static_cast<unsigned char>(buf[i]);
+      h *= 1099511628211ULL;
+    }
+  }
+  return h;
+}
 
 void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertForPretraining& model,
                      optim::Optimizer& optimizer, const TrainState& state, Communicator& comm) {
@@ -36,9 +110,13 @@ void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertFo
   {
     torch::serialize::OutputArchive rng;
     rng.write("generator", at::detail::getDefaultCPUGenerator().get_state());
-    atomic_save(rng, fs::path(dir) / ("rng_rank" + std::to_string(rank) + ".pt"));
+    atomic_save(rng, fs::path(dir) / rng_name(rank));
   }
-  comm.barrier();  // every rank's RNG is on disk before rank 0 publishes the checkpoint that refers to it
+  // Each rank hashes its own RNG file (ranks may not share a filesystem view); rank 0 lists them all.
+  const fs::path own = fs::path(dir) / rng_name(rank);
+  const uint64_t own_hash = file_checksum(own.string());
+  const auto hashes = comm.allgather({double(own_hash >> 32), double(own_hash & 0xffffffffULL),
+                                      double(fs::file_size(own))});
   if (rank == 0) {
     torch::serialize::OutputArchive ar;
     for (const auto& kv : model->named_parameters()) ar.write("param." + kv.key(), kv.value().detach());
@@ -54,6 +132,21 @@ void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertFo
     std::string sig = model_signature(model);
     ar.write("signature", torch::from_blob(sig.data(), {static_cast<int64_t>(sig.size())}, torch::kChar).clone());
     atomic_save(ar, fs::path(dir) / "checkpoint.pt");
+    std::ostringstream manifest;
+    const fs::path ckpt = fs::path(dir) / "checkpoint.pt";
+    manifest << hex64(file_checksum(ckpt.string())) << " " << fs::file_size(ckpt) << " checkpoint.pt\n";
+    for (int64_t r = 0; r < world; ++r) {
+      const uint64_t h = (uint64_t(hashes[r * 3]) << 32) | uint64_t(hashes[r * 3 + 1]);
+      manifest << hex64(h) << " " << uint64_t(hashes[r * 3 + 2]) << " " << rng_name(r) << "\n";
+    }
+    const fs::path tmp = fs::path(dir) / (std::string(kManifest) + ".tmp");
+    {
+      std::ofstream out(tmp);
+      out << manifest.str();
+      out.flush();
+      if (!out) throw DataError("cannot write " + tmp.string() + " (disk full?)");
+    }
+    fs::rename(tmp, fs::path(dir) / kManifest);
   }
   comm.barrier();
 }
@@ -62,6 +155,10 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
                      TrainState& state) {
   fs::path path = fs::path(dir) / "checkpoint.pt";
   if (!fs::exists(path)) return false;
+  // The whole set is checked before anything is read: checkpoint.pt and this rank's RNG state.
+  const auto manifest = read_manifest(dir);
+  verify(dir, manifest, "checkpoint.pt");
+  verify(dir, manifest, rng_name(rank));
   torch::serialize::InputArchive ar;
   try {
     ar.load_from(path.string());
@@ -98,14 +195,16 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
   state.seconds = t.item<double>();
   ar.read("last_accuracy", t);
   state.last_accuracy = t.item<double>();
-  fs::path rng_path = fs::path(dir) / ("rng_rank" + std::to_string(rank) + ".pt");
-  if (fs::exists(rng_path)) {
+  const fs::path rng_path = fs::path(dir) / rng_name(rank);
+  try {
     torch::serialize::InputArchive rng;
     rng.load_from(rng_path.string());
     torch::Tensor g;
     rng.read("generator", g);
     at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
     gen.set_state(g);
+  } catch (const c10::Error& e) {
+    throw DataError(rng_path.string() + ": not a readable RNG state (" + e.what_without_backtrace() + ")");
   }
   return true;
 }

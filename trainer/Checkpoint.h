@@ -21,8 +21,12 @@ struct TrainState {
 // Rank 0 writes model and optimizer (identical on every rank); every rank writes its own RNG state.
 void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertForPretraining& model,
                      optim::Optimizer& optimizer, const TrainState& state, Communicator& comm);
-// Returns false when `dir` has no checkpoint; DataError when it is unreadable or from a different model.
+// Returns false when `dir` has no checkpoint; DataError naming the file when the set is incomplete or does
+// not match checksums.txt (written last by save_checkpoint), is unreadable, or is from a different model.
 bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& model, optim::Optimizer& optimizer,
                      TrainState& state);
+
+// FNV-1a 64 of a file's bytes (the checkpoint manifest's checksum).
+uint64_t file_checksum(const std::string& path);
 
 }  // namespace bs

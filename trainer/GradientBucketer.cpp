@@ -52,7 +52,7 @@ double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>
 }  // namespace
 
 GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm,
-                                   const ClipConfig& clip)
+                                   const ClipConfig& clip, std::optional<torch::ScalarType> reduce_dtype)
     : comm_(comm), clip_(clip) {
   static const std::vector<std::string> modes = {"none", "global_after_allreduce", "bucket_before_allreduce",
                                                  "local_before_allreduce"};
@@ -75,7 +75,8 @@ GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Com
     if (!fresh) {
       const auto& first = params_[buckets_.back().params.front()];
       const int64_t used = buckets_.back().offsets.back() + params_[buckets_.back().params.back()].numel();
-      fresh = double(used * int64_t(first.element_size())) >= cap_bytes || first.dtype() != p.dtype() ||
+      const int64_t elem = reduce_dtype ? int64_t(c10::elementSize(*reduce_dtype)) : int64_t(first.element_size());
+      fresh = double(used * elem) >= cap_bytes || first.dtype() != p.dtype() ||
               first.device() != p.device();
     }
     if (fresh) buckets_.emplace_back();
@@ -86,7 +87,9 @@ GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Com
   }
   for (auto& b : buckets_) {
     const auto& first = params_[b.params.front()];
-    b.buffer = torch::zeros({b.offsets.back() + params_[b.params.back()].numel()}, first.options().requires_grad(false));
+    auto options = first.options().requires_grad(false);
+    if (reduce_dtype) options = options.dtype(*reduce_dtype);
+    b.buffer = torch::zeros({b.offsets.back() + params_[b.params.back()].numel()}, options);
   }
   seen_.assign(params_.size(), 0);
   for (size_t i = 0; i < params_.size(); ++i) {

@@ -19,6 +19,7 @@
 #include <cstdint>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <vector>
 
 #include "common/TrainConfig.h"
@@ -39,7 +40,10 @@ struct BucketStats {
 class GradientBucketer {
  public:
   // `params`: the model's parameters in registration order (those without requires_grad are skipped).
-  GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm, const ClipConfig& clip);
+  // `reduce_dtype`: the dtype of the bucket buffers (what is all-reduced and bucket-clipped); by default
+  // the gradients' own. Gradients are cast into the buckets and back (fp32 grads, bf16 allreduce).
+  GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm, const ClipConfig& clip,
+                   std::optional<torch::ScalarType> reduce_dtype = std::nullopt);
   ~GradientBucketer();
   GradientBucketer(const GradientBucketer&) = delete;
   GradientBucketer& operator=(const GradientBucketer&) = delete;
@@ -59,7 +63,7 @@ class GradientBucketer {
   struct Bucket {
     std::vector<int64_t> params;   // indices into params_
     std::vector<int64_t> offsets;  // element offset of each param in `buffer`
-    torch::Tensor buffer;          // flat, the params' dtype and device
+    torch::Tensor buffer;          // flat: reduce dtype, the params' device
     int64_t pending = 0;           // gradients not yet ready this step
     bool launched = false;
     std::shared_ptr<CommWork> work;

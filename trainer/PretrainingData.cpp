@@ -208,12 +208,44 @@ std::string make_temp_dir_beside(const fs::path& out) {
   return buf.data();
 }
 
+// The files `data prepare` writes into a dataset folder; --force replaces a folder holding only these.
+bool is_dataset_file(const std::string& name) {
+  if (name == "eval.hdf5" || name == "vocab.txt" || name == "meta.yaml") return true;
+  return name.size() == 16 && name.rfind("train_", 0) == 0 && name.substr(11) == ".hdf5" &&
+         std::all_of(name.begin() + 6, name.begin() + 11, [](char c) { return c >= '0' && c <= '9'; });
+}
+
 struct Split {
   std::vector<TokenizedDocument> train, eval;
   int64_t train_tokens = 0, eval_tokens = 0;
 };
 
 }  // namespace
+
+void check_dataset_out(const std::string& out, bool force) {
+  const fs::path p(out);
+  std::error_code ec;
+  const auto st = fs::symlink_status(p, ec);
+  if (!fs::exists(st)) return;
+  if (!fs::is_directory(st))
+    throw DataError("--out " + out + " exists and is not a folder; bertsweep never replaces it (give a new folder)");
+  if (fs::is_empty(p, ec)) return;
+  if (!force) throw DataError("--out " + out + " already exists and is not empty (use --force to replace a dataset "
+                              "that `bertsweep data prepare` made)");
+  // --force: only a folder that this command made, holding nothing else, is replaced.
+  std::ifstream meta(p / "meta.yaml");
+  std::string first, second;
+  std::getline(meta, first);
+  std::getline(meta, second);
+  if (first.rfind("# bertsweep data prepare", 0) != 0 || second != "format: mlperf-bert-hdf5")
+    throw DataError("--out " + out + " is not a dataset made by `bertsweep data prepare` (no meta.yaml saying so); "
+                    "--force replaces only such a folder, so give a new --out");
+  for (const auto& e : fs::directory_iterator(p, ec))
+    if (!is_dataset_file(e.path().filename().string()) || !e.is_regular_file(ec))
+      throw DataError("--out " + out + " holds " + e.path().filename().string() +
+                      ", which `bertsweep data prepare` did not write; --force replaces only a folder holding "
+                      "nothing else (move that file out, or give a new --out)");
+}
 
 ShardData create_pretraining_instances(const std::vector<TokenizedDocument>& docs, const Vocab& vocab,
                                        const PretrainingOptions& opts, Rng& rng) {
@@ -245,8 +277,7 @@ PrepareSummary prepare_pretraining_data(const PrepareOptions& opts, const std::f
   const fs::path out = fs::absolute(opts.out).lexically_normal();
   const fs::path out_path = out.has_filename() ? out : out.parent_path();
   std::error_code ec;
-  if (fs::exists(out_path, ec) && !(fs::is_directory(out_path, ec) && fs::is_empty(out_path, ec)) && !opts.force)
-    throw DataError(out_path.string() + " already exists and is not empty (use --force to replace it)");
+  check_dataset_out(out_path.string(), opts.force);
 
   // 1. Corpus, split by document: every eval_every-th document is held out.
   std::vector<Document> docs = load_corpus(opts.corpus, opts.max_docs);
@@ -300,6 +331,23 @@ PrepareSummary prepare_pretraining_data(const PrepareOptions& opts, const std::f
   say("tokenized: " + std::to_string(split.train_tokens) + " training tokens in " + std::to_string(sum.train_documents) +
       " documents, " + std::to_string(split.eval_tokens) + " eval tokens in " + std::to_string(sum.eval_documents) +
       " documents");
+
+  // Refuse before building what would not fit: each instance holds its tokens, segments and mask (int32)
+  // plus its predictions, and is built in a vector before it is copied into tensors (about 3x that).
+  {
+    const double instances = double(opts.pretraining.dupe_factor) * double(split.train_tokens) /
+                             double(std::max<int64_t>(1, opts.pretraining.seq_len - 3));
+    const double bytes = 3.0 * instances * (3.0 * opts.pretraining.seq_len + 2.0 * opts.pretraining.max_predictions + 2) * 4;
+    const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+    if (have > 0 && bytes > 0.7 * have) {
+      char buf[200];
+      std::snprintf(buf, sizeof buf, "about %.3g instances needing ~%.1f GiB while this machine has %.1f GiB",
+                    instances, bytes / 1073741824.0, have / 1073741824.0);
+      throw std::invalid_argument("--dupe-factor " + std::to_string(opts.pretraining.dupe_factor) + " with " +
+                                  std::to_string(split.train_tokens) + " training tokens makes " + buf +
+                                  "; lower --dupe-factor or use --max-docs");
+    }
+  }
 
   // 4. Instances: training with the dupe factor; eval once, with its own seed, masks fixed in the file.
   Rng train_rng(opts.seed);
@@ -380,9 +428,8 @@ PrepareSummary prepare_pretraining_data(const PrepareOptions& opts, const std::f
 
     // Swap into place: an old folder (with --force) is moved aside first and removed last.
     fs::path old;
-    if (fs::exists(out_path, ec)) {
-      if (!opts.force && !(fs::is_directory(out_path, ec) && fs::is_empty(out_path, ec)))
-        throw DataError(out_path.string() + " appeared while preparing (use --force to replace it)");
+    check_dataset_out(out_path.string(), opts.force);  // again: it may have changed while we worked
+    if (fs::exists(fs::symlink_status(out_path, ec))) {
       old = make_temp_dir_beside(fs::path(out_path.string() + ".old"));
       fs::rename(out_path, old / "dataset");
     }

@@ -67,6 +67,10 @@ struct PrepareSummary {
   std::vector<std::string> files;  // final paths of everything written
 };
 
+// Refuses (DataError naming --out) an output that exists and is not an empty folder, unless `force` and it
+// is a dataset that `data prepare` made (meta.yaml says so) holding only its files: nothing else is replaced.
+void check_dataset_out(const std::string& out, bool force);
+
 // Builds opts.out in a sibling temp folder (out.tmp-XXXXXX) and renames it into place at the end, so a
 // failure never leaves a half-written dataset under the real name. `progress` gets one line per stage.
 PrepareSummary prepare_pretraining_data(const PrepareOptions& opts,

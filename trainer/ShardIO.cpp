@@ -1,5 +1,13 @@
 #include "trainer/ShardIO.h"
 
+#include <sstream>
+
+#include <limits>
+
+#include <optional>
+
+#include <set>
+
 #include <H5Cpp.h>
 
 #include <algorithm>
@@ -72,6 +80,60 @@ int64_t count_lines(const std::string& path) {
   return n;
 }
 
+// BERT's special tokens: pretraining data and the masking procedure need every one of them.
+void check_vocab(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) throw DataError("cannot read vocab file " + path);
+  std::set<std::string> need = {"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"};
+  for (std::string line; std::getline(in, line) && !need.empty();) {
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    need.erase(line);
+  }
+  if (!need.empty()) {
+    std::string missing;
+    for (const auto& t : need) missing += (missing.empty() ? "" : " ") + t;
+    throw DataError("vocab " + path + " lacks the special token(s) " + missing +
+                    " that BERT pretraining needs (use the vocab.txt that made the data)");
+  }
+}
+
+// `meta.yaml` of a bertsweep dataset lists its shards and counts: a shard that went missing is an error,
+// not a smaller dataset.
+struct Meta {
+  std::vector<std::string> shards;
+  int64_t train_instances = -1, eval_instances = -1;
+};
+std::optional<Meta> read_meta(const fs::path& path) {
+  std::error_code ec;
+  if (!fs::is_regular_file(path, ec)) return std::nullopt;
+  std::ifstream in(path);
+  std::string first;
+  std::getline(in, first);
+  if (first.rfind("# bertsweep data prepare", 0) != 0) return std::nullopt;  // someone else's file
+  Meta m;
+  for (std::string line; std::getline(in, line);) {
+    auto value = [&](const char* key) -> std::optional<std::string> {
+      const std::string k = std::string(key) + ": ";
+      if (line.rfind(k, 0) != 0) return std::nullopt;
+      return line.substr(k.size());
+    };
+    try {
+      if (auto v = value("train_instances")) m.train_instances = std::stoll(*v);
+      if (auto v = value("eval_instances")) m.eval_instances = std::stoll(*v);
+    } catch (const std::exception&) {
+      throw DataError(path.string() + ": line '" + line + "' is not a count (a damaged meta.yaml)");
+    }
+    if (auto v = value("shards")) {
+      std::string list = *v;
+      for (char& c : list)
+        if (c == '[' || c == ']' || c == ',') c = ' ';
+      std::istringstream ss(list);
+      for (std::string name; ss >> name;) m.shards.push_back(name);
+    }
+  }
+  return m;
+}
+
 int64_t max_id(const ShardData& d) {
   int64_t m = -1;
   if (d.size() == 0) return m;
@@ -81,6 +143,37 @@ int64_t max_id(const ShardData& d) {
 }
 
 }  // namespace
+
+void check_shard_values(const ShardData& d, const std::string& file, int64_t vocab_size) {
+  if (d.size() == 0) return;
+  const int64_t seq = d.seq_len();
+  auto check = [&](const torch::Tensor& t, const char* name, int64_t lo, int64_t hi, const std::string& why) {
+    if (t.numel() == 0) return;
+    const auto bad = t.lt(lo).logical_or_(t.ge(hi));
+    if (!bad.any().item<bool>()) return;
+    const auto at = bad.nonzero()[0];
+    const int64_t row = at[0].item<int64_t>();
+    const int64_t value = t.dim() == 1 ? t[row].item<int64_t>() : t[row][at[1]].item<int64_t>();
+    throw DataError(file + ": dataset " + name + " holds " + std::to_string(value) + " at sample " +
+                    std::to_string(row) + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi - 1) +
+                    "] (" + why + "); the shard is damaged or was made for another vocab: prepare it again");
+  };
+  const std::string vocab_why = vocab_size > 0 ? "token ids of the " + std::to_string(vocab_size) + "-token vocab"
+                                               : "token ids are not negative";
+  const int64_t vocab_hi = vocab_size > 0 ? vocab_size : std::numeric_limits<int32_t>::max();
+  check(d.input_ids, "input_ids", 0, vocab_hi, vocab_why);
+  check(d.input_mask, "input_mask", 0, 2, "1 for a real token, 0 for padding");
+  check(d.segment_ids, "segment_ids", 0, 2, "sentence A is 0, sentence B is 1");
+  check(d.next_sentence_labels, "next_sentence_labels", 0, 2, "0 is the next sentence, 1 a random one");
+  check(d.masked_lm_positions, "masked_lm_positions", 0, seq, "positions inside the sequence of " +
+                                                                  std::to_string(seq) + " tokens");
+  check(d.masked_lm_ids, "masked_lm_ids", 0, vocab_hi, vocab_why);
+  const auto empty = d.input_mask.sum(1).eq(0);
+  if (empty.any().item<bool>())
+    throw DataError(file + ": dataset input_mask is all zero at sample " +
+                    std::to_string(empty.nonzero()[0][0].item<int64_t>()) +
+                    " (a sample without a single real token); the shard is damaged: prepare it again");
+}
 
 ShardData read_shard(const std::string& path) {
   silence_hdf5();
@@ -199,6 +292,12 @@ Dataset load_dataset(const DataConfig& cfg) {
     ds.train_files.push_back(e.path().string());
   }
   std::sort(ds.train_files.begin(), ds.train_files.end());
+  const auto meta = read_meta(fs::path(cfg.dir) / "meta.yaml");
+  if (meta)
+    for (const auto& name : meta->shards)
+      if (!fs::is_regular_file(fs::path(cfg.dir) / name, ec))
+        throw DataError((fs::path(cfg.dir) / name).string() + " is listed in " + cfg.dir +
+                        "/meta.yaml but missing: the dataset is incomplete (restore the shard or prepare the data again)");
   if (ds.train_files.empty()) throw DataError("data folder " + cfg.dir + " has no training shards (*.hdf5 besides the eval file)");
 
   auto check_seq = [&](const ShardData& d, const std::string& file) {
@@ -208,8 +307,10 @@ Dataset load_dataset(const DataConfig& cfg) {
                       " or set data.seq_len)");
   };
   std::vector<ShardData> shards;
+  std::vector<int64_t> shard_sizes;
   for (const auto& f : ds.train_files) {
     shards.push_back(read_shard(f));
+    shard_sizes.push_back(shards.back().size());
     check_seq(shards.back(), f);
     if (shards.back().max_predictions() != shards.front().max_predictions())
       throw DataError(f + " has " + std::to_string(shards.back().max_predictions()) + " masked positions per sample but " +
@@ -219,10 +320,16 @@ Dataset load_dataset(const DataConfig& cfg) {
   shards.clear();
   ds.eval = read_shard(eval_path.string());
   check_seq(ds.eval, eval_path.string());
+  if (ds.eval.size() == 0)
+    throw DataError("eval file " + eval_path.string() + " holds no samples: accuracy could not be measured");
+  if (meta && meta->train_instances >= 0 && meta->train_instances != ds.train.size())
+    throw DataError(cfg.dir + "/meta.yaml says " + std::to_string(meta->train_instances) + " training samples but the "
+                    "shards hold " + std::to_string(ds.train.size()) + ": a shard is missing, truncated or foreign");
 
   const fs::path vocab = fs::path(cfg.dir) / "vocab.txt";
   const int64_t seen = std::max(max_id(ds.train), max_id(ds.eval));
   if (fs::exists(vocab, ec)) {
+    check_vocab(vocab.string());
     ds.vocab_size = count_lines(vocab.string());
     if (seen >= ds.vocab_size)
       throw DataError("vocab does not match the data: " + cfg.dir + " has token id " + std::to_string(seen) + " but " +
@@ -230,6 +337,21 @@ Dataset load_dataset(const DataConfig& cfg) {
   } else {
     ds.vocab_size = seen + 1;
   }
+  // One pass over every value before training: out-of-range ids, segments, labels or masks would otherwise
+  // surface as a LibTorch index error deep inside a step.
+  for (std::size_t i = 0, row = 0; i < ds.train_files.size(); ++i) {
+    const int64_t n = shard_sizes[i];
+    ShardData part;
+    part.input_ids = ds.train.input_ids.narrow(0, row, n);
+    part.input_mask = ds.train.input_mask.narrow(0, row, n);
+    part.segment_ids = ds.train.segment_ids.narrow(0, row, n);
+    part.masked_lm_positions = ds.train.masked_lm_positions.narrow(0, row, n);
+    part.masked_lm_ids = ds.train.masked_lm_ids.narrow(0, row, n);
+    part.next_sentence_labels = ds.train.next_sentence_labels.narrow(0, row, n);
+    check_shard_values(part, ds.train_files[i], ds.vocab_size);
+    row += n;
+  }
+  check_shard_values(ds.eval, eval_path.string(), ds.vocab_size);
   return ds;
 }
 

@@ -45,7 +45,14 @@ struct Dataset {
   std::string dir;
   std::vector<std::string> train_files;
 };
-// Loads data.dir / data.eval_file of a training config; checks seq_len against data.seq_len.
+// Every value of a shard in range: ids in [0, vocab_size) (vocab_size 0: only non-negative), segments,
+// next-sentence labels and mask in {0, 1}, masked positions inside the sequence, no sample without a real
+// token. DataError naming the file, the dataset, the sample and the value.
+void check_shard_values(const ShardData& data, const std::string& file, int64_t vocab_size);
+
+// Loads data.dir / data.eval_file of a training config and validates it before training: seq_len against
+// data.seq_len, the shards listed in meta.yaml present and the counts equal, the vocab's special tokens,
+// and check_shard_values on every shard. DataError naming the file otherwise.
 Dataset load_dataset(const DataConfig& cfg);
 
 // Sequence-length histogram (bins of `bin_width` tokens) of a shard, for `data inspect` and the sampler report.

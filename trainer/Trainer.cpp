@@ -11,6 +11,7 @@
 #include <iostream>
 #include <numeric>
 #include <sstream>
+#include <thread>
 
 #include "common/JsonWriter.h"
 #include "optimizers/LrSchedule.h"
@@ -21,6 +22,8 @@
 #include "trainer/Communicator.h"
 #include "trainer/EventLog.h"
 #include "trainer/GradientBucketer.h"
+#include "trainer/MixedPrecision.h"
+#include "trainer/Precision.h"
 #include "trainer/Runtime.h"
 #include "trainer/Sampler.h"
 #include "trainer/ShardIO.h"
@@ -104,6 +107,26 @@ class Evaluator {
   int64_t samples_ = 0;
 };
 
+// Bytes per parameter that training holds: fp32 master, fp32 gradient, two fp32 optimizer moments, and a
+// bf16 compute copy under mixed precision.
+int64_t precision_bytes_hint(const TrainConfig& cfg) { return cfg.precision == "fp32" ? 16 : 18; }
+
+// Refuses a model whose weights, gradients and optimizer state alone would not fit in this machine's memory
+// (activations come on top), with the estimate in the message: better than an allocation failure or swap.
+void check_model_fits_in_memory(const ModelConfig& m, int64_t bytes_per_param) {
+  const double H = double(m.hidden), I = double(m.intermediate);
+  const double params = double(m.vocab_size + m.max_position + m.type_vocab_size) * H +
+                        double(m.layers) * (4 * H * H + 2 * H * I + 9 * H + I) + 2 * H * H + 2 * H + 4 * H;
+  const double need = params * double(bytes_per_param);
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && need > 0.8 * have) {
+    char buf[256];
+    std::snprintf(buf, sizeof buf, "%.3g parameters need %.1f GiB for weights, gradients and optimizer state alone; "
+                  "this machine has %.1f GiB", params, need / 1073741824.0, have / 1073741824.0);
+    throw ConfigError(std::string("model: ") + buf + " (make model.hidden, model.layers or model.vocab_size smaller)");
+  }
+}
+
 void write_params(const std::string& path, BertForPretraining& model) {
   std::vector<torch::Tensor> flat;
   for (const auto& p : model->parameters()) flat.push_back(p.detach().to(torch::kFloat).reshape(-1));
@@ -129,6 +152,11 @@ void install_stop_handlers() {
 TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   TrainConfig cfg = cfg_in;
   const auto t_init = Clock::now();
+  const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
+  if (cfg.threads > cores)
+    throw ConfigError("threads: " + std::to_string(cfg.threads) + " is more than the " + std::to_string(cores) +
+                      " cores of this machine; set threads: 0 (this process's share) or at most " +
+                      std::to_string(cores));
   RuntimeInfo rt = configure_runtime(cfg.threads);
   auto comm = make_communicator(cfg.distributed);
   const int64_t rank = comm->rank(), world = comm->world();
@@ -141,6 +169,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
 
   // Ranks must agree on what they train: compare config hashes before any data is read.
   check_same_config(*comm, cfg.to_yaml_string());
+  const PrecisionChoice precision = resolve_precision(cfg);
 
   mllog.log("init_start", "null", "INTERVAL_START");
   Dataset data = load_dataset(cfg.data);
@@ -155,6 +184,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   if (cfg.batch.global % world != 0)
     throw ConfigError("batch.global (" + std::to_string(cfg.batch.global) + ") must be divisible by the number of ranks (" +
                       std::to_string(world) + ")");
+  check_model_fits_in_memory(cfg.model, precision_bytes_hint(cfg));
   const int64_t local_batch = cfg.batch.global / world;
   const int64_t accumulation = (local_batch + cfg.batch.micro - 1) / cfg.batch.micro;
   const int64_t total_steps =
@@ -162,14 +192,19 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
                                    : (cfg.target.max_samples + cfg.batch.global - 1) / cfg.batch.global;
 
   torch::manual_seed(static_cast<uint64_t>(cfg.seed));  // same initial weights on every rank
-  BertForPretraining model(cfg.model);
-  // Dropout differs per rank (as in data-parallel BERT), reproducibly.
-  torch::manual_seed(static_cast<uint64_t>(cfg.seed) * 1000003ULL + static_cast<uint64_t>(rank) + 1);
+  BertForPretraining model(cfg.model);  // the fp32 masters: optimizer, checkpoints and exports use these
   optim::NamedParams named;
   for (const auto& kv : model->named_parameters()) named.emplace_back(kv.key(), kv.value());
   auto optimizer = optim::make_optimizer(cfg.optimizer, named);
+  // Mixed precision: forward/backward on a bf16 copy refreshed from the masters after every step.
+  std::unique_ptr<ComputeCopy> compute;
+  if (precision.mixed()) compute = std::make_unique<ComputeCopy>(model, *optimizer, precision.compute);
+  BertForPretraining& net = compute ? compute->model() : model;
+  // Dropout differs per rank (as in data-parallel BERT), reproducibly.
+  torch::manual_seed(static_cast<uint64_t>(cfg.seed) * 1000003ULL + static_cast<uint64_t>(rank) + 1);
   optim::LrSchedule schedule(cfg.schedule, cfg.optimizer.lr, total_steps);
-  GradientBucketer bucketer(model->parameters(), *comm, cfg.clip);
+  const torch::ScalarType reduce_dtype = cfg.distributed.grad_dtype == "compute" ? precision.compute : torch::kFloat;
+  GradientBucketer bucketer(net->parameters(), *comm, cfg.clip, reduce_dtype);
 
   std::vector<int32_t> lengths(data.train.lengths.data_ptr<int32_t>(),
                                data.train.lengths.data_ptr<int32_t>() + data.train.size());
@@ -196,6 +231,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   if (opt.resume) {
     if (cfg.checkpoint.dir.empty()) throw ConfigError("--resume needs checkpoint.dir in the config");
     if (load_checkpoint(cfg.checkpoint.dir, rank, model, *optimizer, st)) {
+      if (compute) compute->refresh();
       sampler->seek(st.step);
       say("resumed from " + cfg.checkpoint.dir + " at step " + std::to_string(st.step) + ", " +
           std::to_string(st.samples) + " samples");
@@ -213,6 +249,15 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
       cfg.optimizer.name + ", clip " + cfg.clip.mode + ", " + std::to_string(data.train.size()) + " train / " +
       std::to_string(evaluator.samples()) + " eval samples");
   say("runtime: " + describe(rt) + ", communicator: " + comm->backend());
+  say("precision: " + precision.precision + " compute, fp32 master weights and optimizer state, gradients " +
+      (reduce_dtype == torch::kFloat ? "all-reduced in fp32" : "all-reduced in " + precision.precision) +
+      ", device " + precision.device_name + " (" + precision.reason + ")");
+  events.emit("start", JsonWriter()
+                           .add("device", precision.device_name)
+                           .add("precision", precision.precision)
+                           .add("precision_reason", precision.reason)
+                           .add("parameters", model->num_parameters())
+                           .add("world", world));
 
   mllog.point("submission_benchmark", std::string("bert"));
   mllog.point("global_batch_size", static_cast<double>(cfg.batch.global));
@@ -248,7 +293,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   (void)t_init;
 
   auto do_eval = [&]() -> bool {
-    EvalResult ev = evaluator.run(model, *comm);
+    EvalResult ev = evaluator.run(net, *comm);
     st.last_accuracy = ev.accuracy;
     const double secs = run_seconds();
     events.emit("eval", JsonWriter()
@@ -293,7 +338,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
       real += b.real_tokens;
       computed += b.computed_tokens;
       bucketer.begin_micro(i + 1 == micro.size());
-      auto out = model->forward(b.inputs);
+      auto out = net->forward(b.inputs);
       auto loss = pretraining_loss(out, b.mlm_labels, b.nsp_labels);
       // Weight by this micro-batch's share of the rank's samples: accumulation sums to the batch mean.
       const double w = static_cast<double>(b.samples) / static_cast<double>(std::max<int64_t>(1, local_samples));
@@ -325,6 +370,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
     }
     optimizer->step(lr);
     optimizer->zero_grad();
+    if (compute) compute->refresh();
     st.step += 1;
     st.samples += cfg.batch.global;
     last_loss = g_loss;

@@ -1,6 +1,8 @@
 // `bertsweep data prepare|inspect` end to end: layout, reproducibility, and bad input with exit codes.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -93,6 +95,43 @@ TEST_F(DataCommand, ProgressOnStderrAndRefusesToOverwriteWithoutForce) {
   ASSERT_EQ(r.exit_code, 0) << r.err;
   EXPECT_TRUE(contains(read_file(dir + "/d/meta.yaml"), "seed: 4\n"));
   for (const auto& e : fs::directory_iterator(dir)) EXPECT_FALSE(contains(e.path().string(), ".old")) << e.path();
+}
+
+// --force replaces only a dataset folder that `data prepare` made and that holds nothing else: a folder of
+// someone's files, a plain file, a FIFO, and a dataset with a file added by hand all survive byte for byte.
+TEST_F(DataCommand, ForceNeverReplacesWhatDataPrepareDidNotMake) {
+  auto refused = [&](const std::string& out, const std::string& needle) {
+    auto args = prepare_args(out, "3");
+    args.push_back("--force");
+    auto r = run(args);
+    EXPECT_EQ(r.exit_code, bs::exit_code::kUsage) << out << ": " << r.err;
+    EXPECT_TRUE(contains(r.err, needle)) << r.err;
+    for (const auto& e : fs::directory_iterator(dir))
+      EXPECT_FALSE(contains(e.path().filename().string(), ".old-") || contains(e.path().filename().string(), ".tmp-"))
+          << e.path();
+  };
+  fs::create_directories(dir + "/mine/sub");
+  std::ofstream(dir + "/mine/notes.txt") << "my notes";
+  std::ofstream(dir + "/mine/sub/more.txt") << "more";
+  refused(dir + "/mine", "not a dataset made by `bertsweep data prepare`");
+  EXPECT_EQ(read_file(dir + "/mine/notes.txt"), "my notes");
+  EXPECT_EQ(read_file(dir + "/mine/sub/more.txt"), "more");
+
+  std::ofstream(dir + "/plain.txt") << "a file";
+  refused(dir + "/plain.txt", "is not a folder");
+  EXPECT_EQ(read_file(dir + "/plain.txt"), "a file");
+
+  ASSERT_EQ(mkfifo((dir + "/fifo").c_str(), 0644), 0);
+  refused(dir + "/fifo", "is not a folder");
+  EXPECT_TRUE(fs::is_fifo(dir + "/fifo"));
+
+  // A real dataset (this command made it) with a user's file put into it: refused, the file kept.
+  auto r = run(prepare_args(dir + "/d", "3"));
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::ofstream(dir + "/d/README.txt") << "keep me";
+  refused(dir + "/d", "README.txt");
+  EXPECT_EQ(read_file(dir + "/d/README.txt"), "keep me");
+  EXPECT_TRUE(fs::exists(dir + "/d/meta.yaml"));
 }
 
 TEST_F(DataCommand, MissingCorpusIsADataErrorThatSaysToFetchIt) {

@@ -9,6 +9,8 @@
 #include <fstream>
 #include <random>
 
+#include <SQLiteCpp/SQLiteCpp.h>
+
 #include "ReliabilityUtil.h"
 
 using namespace bs;
@@ -128,6 +130,68 @@ TEST_F(BadInput, StudyFileThatIsNotAStudy) {
   }
   EXPECT_EQ(test::read_file(db), bytes);
   fs::remove_all(dir_ + "/junk");
+}
+
+// An export or report never writes into a study folder: not over study.db, not beside it (the TearDown
+// checks that the study is byte for byte as it was).
+TEST_F(BadInput, ExportAndReportNeverWriteIntoAStudyFolder) {
+  const std::string bin = test::bertsweep_bin();
+  for (const std::string out : {dir_ + "/kept/study.db", dir_ + "/kept/study.db-wal", dir_ + "/kept/trials/best.yaml",
+                                dir_ + "/kept/x.yaml"}) {
+    auto r = test::run({bin, "study", "export", "kept", "--best", "--dir", dir_, "--out", out});
+    EXPECT_REFUSED(r, 7, "study");
+    EXPECT_NE(r.err.find(out), std::string::npos) << r.err;
+  }
+  auto r = test::run({bin, "report", "kept", "--dir", dir_, "--out", dir_ + "/kept/report"});
+  EXPECT_REFUSED(r, 7, "inside the study folder");
+  EXPECT_FALSE(fs::exists(dir_ + "/kept/report"));
+  // An absolute --out whose folder does not exist is a typo, not a request to create folders at the root.
+  r = test::run({bin, "study", "export", "kept", "--best", "--dir", dir_, "--out", "/nonexistent-bertsweep/dir/x.yaml"});
+  EXPECT_REFUSED(r, 2, "does not exist");
+  EXPECT_FALSE(fs::exists("/nonexistent-bertsweep"));
+}
+
+// Refused and read-only commands never create, migrate or write a study file: status, export and report of
+// the kept study; confirm refused for an unknown --set key (no bs_confirm table appears); resume refused
+// while another controller holds the study; and every command on a 0-byte study.db (it stays 0 bytes).
+TEST_F(BadInput, RefusedAndReadOnlyCommandsWriteNothing) {
+  const std::string bin = test::bertsweep_bin();
+  EXPECT_EQ(test::run({bin, "study", "status", "kept", "--dir", dir_}).exit_code, 0);
+  auto r = test::run({bin, "study", "export", "kept", "--best", "--dir", dir_});
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_REFUSED(test::run({bin, "study", "confirm", "kept", "--seeds", "1", "--dir", dir_, "--set", "bogus.key=1"}),
+                 2, "bogus.key");
+  EXPECT_REFUSED(test::run({bin, "study", "confirm", "kept", "--seeds", "1", "--include-unreached", "--dir", dir_,
+                            "--set", "model.hidden=abc"}),
+                 2, "model.hidden");
+  {
+    auto db = StudyStore::open_read_only(dir_ + "/kept/study.db");  // leaves no -wal/-shm behind
+    EXPECT_FALSE(db->tableExists("bs_confirm"));
+  }
+  {  // another controller holds the study
+    int fd = open((dir_ + "/kept/controller.lock").c_str(), O_RDWR);
+    ASSERT_GE(fd, 0);
+    ASSERT_EQ(flock(fd, LOCK_EX | LOCK_NB), 0);
+    EXPECT_REFUSED(test::run({bin, "study", "resume", "kept", "--dir", dir_}, 60), 7, "another controller");
+    close(fd);
+  }
+
+  fs::create_directories(dir_ + "/zero");
+  std::ofstream(dir_ + "/zero/study.db").close();
+  for (std::vector<std::string> cmd : {std::vector<std::string>{"study", "status", "zero"},
+                                       {"study", "resume", "zero"},
+                                       {"study", "export", "zero", "--best"},
+                                       {"study", "confirm", "zero", "--seeds", "1"},
+                                       {"report", "zero", "--out", dir_ + "/zero-report"}}) {
+    std::vector<std::string> argv = {bin};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    argv.insert(argv.end(), {"--dir", dir_});
+    auto z = test::run(argv, 60);
+    EXPECT_REFUSED(z, 7, "0 bytes");
+    EXPECT_EQ(fs::file_size(dir_ + "/zero/study.db"), 0u) << cmd[1];
+  }
+  EXPECT_FALSE(fs::exists(dir_ + "/zero-report"));
+  fs::remove_all(dir_ + "/zero");
 }
 
 // Launcher safety: a study config (perhaps from someone else's study folder) cannot make the controller run

@@ -3,6 +3,9 @@
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
+#include <filesystem>
+#include <fstream>
+
 #include "TestUtil.h"
 #include "studies/StudyStore.h"
 
@@ -73,4 +76,74 @@ TEST(StudyStore, UnwritablePathIsAClearError) {
   } catch (const std::runtime_error& e) {
     EXPECT_NE(std::string(e.what()).find("/nonexistent-dir/x/study.db"), std::string::npos);
   }
+}
+
+namespace {
+std::string file_bytes(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+}  // namespace
+
+// Read-only opening (status, export, report, refused commands) never creates, migrates or writes: a missing
+// file stays missing, a 0-byte file stays 0 bytes, a foreign SQLite file keeps its bytes.
+TEST(StudyStore, ReadOnlyOpeningNeverCreatesOrWrites) {
+  const std::string dir = test::make_temp_dir("store-ro");
+  EXPECT_THROW(StudyStore(dir + "/missing.db", StudyStore::Mode::kReadOnly), std::runtime_error);
+  EXPECT_FALSE(std::filesystem::exists(dir + "/missing.db"));
+
+  std::ofstream(dir + "/empty.db").close();
+  try {
+    StudyStore s(dir + "/empty.db", StudyStore::Mode::kReadOnly);
+    ADD_FAILURE() << "a 0-byte file was opened as a study";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("0 bytes"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(std::filesystem::file_size(dir + "/empty.db"), 0u);
+
+  {
+    SQLite::Database other(dir + "/other.db", SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+    other.exec("CREATE TABLE notes(x TEXT); INSERT INTO notes VALUES ('mine')");
+  }
+  const std::string other_bytes = file_bytes(dir + "/other.db");
+  try {
+    StudyStore s(dir + "/other.db", StudyStore::Mode::kReadOnly);
+    ADD_FAILURE() << "a foreign SQLite file was opened as a study";
+  } catch (const std::runtime_error& e) {
+    EXPECT_NE(std::string(e.what()).find("not a bertsweep study"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(file_bytes(dir + "/other.db"), other_bytes);
+
+  // A real study read back read-only; writing through it fails instead of changing the file.
+  {
+    StudyStore s(dir + "/study.db");
+    s.save_study("demo", "name: demo\n");
+  }
+  const std::string study_bytes = file_bytes(dir + "/study.db");
+  {
+    StudyStore s(dir + "/study.db", StudyStore::Mode::kReadOnly);
+    EXPECT_EQ(s.study_config("demo").value_or(""), "name: demo\n");
+    EXPECT_TRUE(s.rank_load().empty());
+    EXPECT_ANY_THROW(s.save_study("demo", "name: changed\n"));
+  }
+  EXPECT_EQ(file_bytes(dir + "/study.db"), study_bytes);
+  std::filesystem::remove_all(dir);
+}
+
+// Saving the same study again (what `study run`/`resume` do) keeps the row's creation time.
+TEST(StudyStore, SavingTheStudyAgainKeepsItsCreationTime) {
+  const std::string db = test::make_temp_dir("store-created") + "/study.db";
+  StudyStore s(db);
+  s.save_study("demo", "name: demo\n");
+  {
+    SQLite::Database raw(db, SQLite::OPEN_READWRITE);
+    raw.exec("UPDATE bs_study SET created = 1000 WHERE name = 'demo'");
+  }
+  s.save_study("demo", "name: demo\n");
+  s.save_study("demo", "name: demo\nn_trials: 3\n");
+  SQLite::Database raw(db, SQLite::OPEN_READONLY);
+  SQLite::Statement q(raw, "SELECT created, config_yaml FROM bs_study WHERE name = 'demo'");
+  ASSERT_TRUE(q.executeStep());
+  EXPECT_EQ(q.getColumn(0).getDouble(), 1000.0);
+  EXPECT_EQ(q.getColumn(1).getString(), "name: demo\nn_trials: 3\n");
 }
