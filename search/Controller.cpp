@@ -138,10 +138,11 @@ class StudyRun {
       : c_(c), o_(o), dir_(dir), store_(dir + "/study.db") {}
 
   int run() {
-    // Everything that can refuse the study comes before the first write to bs_ tables.
+    // Refusals come before anything is written: a continued study's row is only rewritten when its config
+    // changed (saving the same study writes nothing), and this session's environment row follows Optuna.
     check_same_study();
+    store_.save_study(c_.name, c_.to_yaml_string());  // at once: `study status` may already be reading
     bridge_ = std::make_unique<OptunaBridge>(store_.path(), c_);
-    store_.save_study(c_.name, c_.to_yaml_string());
     record_environment();
     recover_dead_controller();
     base_ = c_.base();

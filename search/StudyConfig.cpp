@@ -75,7 +75,8 @@ void check_launcher_arg(const std::string& arg, const YAML::Node& n, const std::
 // Every value a parameter can take is checked against its key before the first trial: a choice of
 // `optimizer.name: rmsprop` or `batch.global: [0, -16]` would otherwise fail every trial. Each candidate
 // (every choice; low and high of a range) is applied to the base config alone; an error that names this
-// key is the space's fault, one that names another key comes from a combination and is left to the trial.
+// key (and no other sampled key) is the space's fault; the rest depends on the combination sampled and is
+// left to the trial's own validation.
 static void check_space_values(const SearchSpace& space, const YAML::Node& base, const std::string& base_source) {
   for (const auto& p : space.params()) {
     std::vector<std::string> candidates;
@@ -91,7 +92,11 @@ static void check_space_values(const SearchSpace& space, const YAML::Node& base,
         TrainConfig::from_yaml(YAML::Clone(base), base_source, {p.key + "=" + v});
       } catch (const ConfigError& e) {
         const std::string what = e.what();
-        if (what.find("'" + p.key + "'") != std::string::npos)
+        // An error that also names another sampled key depends on the combination (heads vs a sampled hidden).
+        bool combination = false;
+        for (const auto& other : space.params())
+          if (other.key != p.key && what.find(other.key) != std::string::npos) combination = true;
+        if (!combination && what.find("'" + p.key + "'") != std::string::npos)
           throw ConfigError(p.where + ": parameter '" + p.key + "' can take the value " + v +
                             ", which the training config refuses: " + what);
       }

@@ -121,23 +121,8 @@ std::string brown_dataset() {
 }
 
 std::string small_brown_dataset() {
-  fs::path dir = fs::path(work_root()) / "brown-small";
-  // Tests run in parallel: one prepares, the others wait on the lock.
-  std::string lock = work_root() + "/brown-small.lock";
-  int fd = open(lock.c_str(), O_CREAT | O_RDWR, 0644);
-  flock(fd, LOCK_EX);
-  if (!fs::exists(dir / "eval.hdf5")) {
-    auto r = run({bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "4000",
-                  "--seq-len", "128", "--max-docs", "200", "--seed", "7", "--quiet", "--out", dir.string()});
-    if (r.exit_code != 0) {
-      flock(fd, LOCK_UN);
-      close(fd);
-      throw std::runtime_error("data prepare failed (" + std::to_string(r.exit_code) + "): " + r.err);
-    }
-  }
-  flock(fd, LOCK_UN);
-  close(fd);
-  return dir.string();
+  return prepared("brown-small", {"--corpus", "brown", "--vocab-size", "4000", "--seq-len", "128", "--max-docs", "200",
+                                  "--seed", "7"});
 }
 
 }  // namespace bs::test

@@ -122,15 +122,22 @@ TEST(SearchSpace, DerivedLearningRateScalesWithBatch) {
 }
 
 TEST(SearchSpace, ResolvedConfigIsValidatedAndSetsApply) {
-  StudyConfig c = StudyConfig::load(write_study(std::string(kHead) + "  model.heads: {choice: [2, 3]}\n"),
+  // heads 3 fits hidden 96 but not 128: only the sampled combination can be checked.
+  StudyConfig c = StudyConfig::load(write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" +
+                                                "  model.heads: {choice: [2, 3]}\n"),
                                     {"base.data.dir=/data/x", "n_trials=4"});
   EXPECT_EQ(c.n_trials, 4);
   EXPECT_EQ(TrainConfig::from_yaml(c.base(), "b").data.dir, "/data/x");
-  EXPECT_THROW(c.space.resolve(c.base(), {{"model.heads", int64_t(3)}}, "trial 1"), ConfigError);  // 128 % 3
+  EXPECT_THROW(c.space.resolve(c.base(), {{"model.hidden", int64_t(128)}, {"model.heads", int64_t(3)}}, "trial 1"),
+               ConfigError);  // 128 % 3
+  EXPECT_NO_THROW(c.space.resolve(c.base(), {{"model.hidden", int64_t(96)}, {"model.heads", int64_t(3)}}, "t2"));
+  // A value no combination can make valid is refused when the study is read, before any trial.
+  EXPECT_THROW(StudyConfig::load(write_study(std::string(kHead) + "  model.heads: {choice: [2, 3]}\n")), ConfigError);
   // The canonical text reads back to the same search.
   StudyConfig back = StudyConfig::from_yaml(YAML::Load(c.to_yaml_string()), "stored");
   EXPECT_EQ(back.identity(), c.identity());
   EXPECT_EQ(back.n_trials, 4);
-  StudyConfig other = StudyConfig::load(write_study(std::string(kHead) + "  model.heads: {choice: [2, 4]}\n"));
+  StudyConfig other = StudyConfig::load(write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" +
+                                                    "  model.heads: {choice: [2, 4]}\n"));
   EXPECT_NE(other.identity(), c.identity());
 }

@@ -165,7 +165,8 @@ class LoadDataset : public ShardIO {
     write_shard(dir + "/train_00001.hdf5", random_shard(20, 64, 8, 500, 11));
     write_shard(dir + "/eval.hdf5", random_shard(10, 64, 8, 500, 12));
     std::ofstream v(dir + "/vocab.txt");
-    for (int i = 0; i < 500; ++i) v << "t" << i << "\n";
+    v << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";  // BERT's special tokens, which load_dataset requires
+    for (int i = 5; i < 500; ++i) v << "t" << i << "\n";
     cfg.dir = dir;
     cfg.seq_len = 64;
   }
@@ -204,7 +205,12 @@ TEST_F(LoadDataset, MismatchesAreDataErrorsNamingTheProblem) {
 
   std::ofstream(dir + "/vocab.txt") << "[PAD]\n[UNK]\n";
   msg = data_error([&] { bs::load_dataset(cfg); });
-  EXPECT_NE(msg.find("vocab does not match the data"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("lacks the special token(s) [CLS] [MASK] [SEP]"), std::string::npos) << msg;
+
+  std::ofstream(dir + "/vocab.txt") << "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\n";
+  msg = data_error([&] { bs::load_dataset(cfg); });
+  EXPECT_NE(msg.find("train_00000.hdf5: dataset input_ids holds"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("5-token vocab"), std::string::npos) << msg;
 
   fs::remove(dir + "/eval.hdf5");
   msg = data_error([&] { bs::load_dataset(cfg); });

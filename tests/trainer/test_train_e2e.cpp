@@ -209,24 +209,24 @@ TEST(TrainE2E, Bf16CheckpointResumeMatchesUninterruptedRunAndFp32ResumesInBf16) 
   auto train = [&](const std::string& precision, int64_t samples, const std::string& ckpt, bool resume,
                    const std::string& dump) {
     std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
-                                  "precision=" + precision, "--set", "schedule.total_steps=30", "--set",
+                                  "precision=" + precision, "--set", "schedule.total_steps=12", "--set",
                                   "target.max_samples=" + std::to_string(samples), "--set",
-                                  "target.eval_every_samples=480", "--set", "data.eval_samples=256",
+                                  "target.eval_every_samples=192", "--set", "data.eval_samples=128",
                                   "--events", "stdout", "--dump-params", dump};
     if (!ckpt.empty()) a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt});
     if (resume) a.push_back("--resume");
     return run(a, 900);
   };
-  auto full = train("bf16", 960, "", false, dir + "/full.bin");
+  auto full = train("bf16", 384, "", false, dir + "/full.bin");
   ASSERT_EQ(full.exit_code, 0) << full.err;
   EXPECT_NE(full.err.find("precision: bf16 compute, fp32 master weights"), std::string::npos) << full.err;
   auto start = events_of(full.out, "start");
   ASSERT_EQ(start.size(), 1u);
   EXPECT_EQ(start[0]["precision"], "\"bf16\"");
 
-  auto half = train("bf16", 480, dir + "/ck-bf16", false, dir + "/half.bin");
+  auto half = train("bf16", 192, dir + "/ck-bf16", false, dir + "/half.bin");
   ASSERT_EQ(half.exit_code, 0) << half.err;
-  auto resumed = train("bf16", 960, dir + "/ck-bf16", true, dir + "/resumed.bin");
+  auto resumed = train("bf16", 384, dir + "/ck-bf16", true, dir + "/resumed.bin");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("resumed from"), std::string::npos) << resumed.err;
   const auto a = read_floats(dir + "/full.bin"), b = read_floats(dir + "/resumed.bin");
@@ -235,11 +235,11 @@ TEST(TrainE2E, Bf16CheckpointResumeMatchesUninterruptedRunAndFp32ResumesInBf16) 
   EXPECT_EQ(a, b) << "the resumed bf16 run differs from the uninterrupted one";
 
   // fp32 to half way, then bf16: runs, and its final eval loss is within 3% of the all-fp32 run's.
-  auto fp32_full = train("fp32", 960, "", false, dir + "/fp32.bin");
+  auto fp32_full = train("fp32", 384, "", false, dir + "/fp32.bin");
   ASSERT_EQ(fp32_full.exit_code, 0) << fp32_full.err;
-  auto fp32_half = train("fp32", 480, dir + "/ck-fp32", false, dir + "/fp32-half.bin");
+  auto fp32_half = train("fp32", 192, dir + "/ck-fp32", false, dir + "/fp32-half.bin");
   ASSERT_EQ(fp32_half.exit_code, 0) << fp32_half.err;
-  auto switched = train("bf16", 960, dir + "/ck-fp32", true, dir + "/switched.bin");
+  auto switched = train("bf16", 384, dir + "/ck-fp32", true, dir + "/switched.bin");
   ASSERT_EQ(switched.exit_code, 0) << switched.err;
   EXPECT_NE(switched.err.find("resumed from"), std::string::npos) << switched.err;
   const auto e32 = events_of(fp32_full.out, "eval"), esw = events_of(switched.out, "eval");
