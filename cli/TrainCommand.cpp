@@ -21,7 +21,7 @@ options:
   --config FILE        training config (YAML; see configs/train/). Required.
   --set key.path=val   override one key (repeatable), e.g. --set optimizer.lr=0.002
   --events SPEC        trial-protocol JSON lines: stdout | fd:N | FILE (default: none)
-  --resume             continue from checkpoint.dir/checkpoint.pt (same metrics as an uninterrupted run)
+  --resume             continue from the checkpoint set in checkpoint.dir (same metrics as an uninterrupted run)
   --print-config       print the resolved config (after --set) and exit
   --dump-params FILE   write the final parameters (float32, registration order) to FILE
   --quiet              no progress lines

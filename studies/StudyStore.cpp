@@ -137,14 +137,23 @@ StudyStore::StudyStore(const std::string& db_path, Mode mode) : path_(db_path), 
     if (std::filesystem::file_size(db_path, ec) == 0)
       throw std::runtime_error(db_path + ": the study database is empty (0 bytes), not a bertsweep study; "
                                "restore it from a backup or start a new study with `bertsweep study run`");
-    try {
-      db_ = open_read_only(db_path);
-      if (!has_table("bs_study") || !has_table("bs_trials"))
-        throw std::runtime_error(db_path + ": a SQLite file without bertsweep's bs_study/bs_trials tables, "
-                                 "not a bertsweep study");
-    } catch (const SQLite::Exception& e) {
-      throw std::runtime_error(db_path + ": cannot read the study database: " + e.what() +
-                               " (a damaged or foreign file; restore it from a backup)");
+    // Opened immutable while no WAL exists; a controller that starts meanwhile makes the WAL appear, and then
+    // a plain read-only connection (which follows the writer's WAL) is tried once more.
+    for (int attempt = 0;; ++attempt) {
+      const bool had_wal = std::filesystem::exists(db_path + "-wal", ec);
+      try {
+        db_ = open_read_only(db_path);
+        if (!has_table("bs_study") || !has_table("bs_trials"))
+          throw std::runtime_error(db_path + ": a SQLite file without bertsweep's bs_study/bs_trials tables, "
+                                   "not a bertsweep study");
+        break;
+      } catch (const SQLite::Exception& e) {
+        db_.reset();
+        if (attempt == 0 && !had_wal && std::filesystem::exists(db_path + "-wal", ec)) continue;
+        throw std::runtime_error(db_path + ": cannot read the study database: " + e.what() +
+                                 " (a damaged or foreign file, or one being rewritten: if a study is running, "
+                                 "try again)");
+      }
     }
     return;
   }

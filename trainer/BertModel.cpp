@@ -135,21 +135,23 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   torch::Tensor context;
 #if TORCH_VERSION_MAJOR >= 2
   // PyTorch 2.x: the fused kernel (flash / memory-efficient on CUDA, math elsewhere); same 1/sqrt(d) scale.
-  context = at::scaled_dot_product_attention(q, k, v, bias, attn_p, /*is_causal=*/false);
-#else
-  // Scale q ([B,h,L,d]) rather than the scores ([B,h,L,L]): fewer elements when L > d.
-  auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
-  scores.add_(bias);  // broadcast [B,1,1,L] or [B,1,L,L]
-  torch::Tensor probs;
-  if (reduced(scores)) {
-    probs = torch::softmax(scores, -1, torch::kFloat).to(scores.scalar_type());  // fp32 softmax
-  } else if (torch::GradMode::is_enabled()) {
-    probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
-  } else {
-    probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
-  }
-  context = torch::matmul(apply_dropout(probs, attn_p, true), v);  // [B,h,L,d]
+  // In bf16/fp16 the explicit path below keeps the softmax in fp32 whatever kernel would be picked.
+  if (!reduced(q)) context = at::scaled_dot_product_attention(q, k, v, bias, attn_p, /*is_causal=*/false);
 #endif
+  if (!context.defined()) {
+    // Scale q ([B,h,L,d]) rather than the scores ([B,h,L,L]): fewer elements when L > d.
+    auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
+    scores.add_(bias);  // broadcast [B,1,1,L] or [B,1,L,L]
+    torch::Tensor probs;
+    if (reduced(scores)) {
+      probs = torch::softmax(scores, -1, torch::kFloat).to(scores.scalar_type());  // fp32 softmax
+    } else if (torch::GradMode::is_enabled()) {
+      probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
+    } else {
+      probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
+  }
+    context = torch::matmul(apply_dropout(probs, attn_p, true), v);  // [B,h,L,d]
+  }
   auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
   auto out = apply_dropout(output->forward(merged), dropout, is_training());
   return layer_norm(LayerNorm, out.add_(x));

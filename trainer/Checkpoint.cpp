@@ -33,10 +33,16 @@ void atomic_save(torch::serialize::OutputArchive& ar, const fs::path& path) {
   fs::rename(tmp, path);
 }
 
-std::string rng_name(int64_t rank) { return "rng_rank" + std::to_string(rank) + ".pt"; }
+// Every save writes a new set named by its step and publishes it by renaming checksums.txt over the old
+// manifest; the previous set is deleted only after that. A kill at any moment leaves a complete set that the
+// manifest describes (the old one until the rename, the new one after).
+std::string model_name(int64_t step) { return "checkpoint-" + std::to_string(step) + ".pt"; }
+std::string rng_name(int64_t step, int64_t rank) {
+  return "rng-" + std::to_string(step) + "-rank" + std::to_string(rank) + ".pt";
+}
 
-// One line per file: "<fnv1a64 hex> <bytes> <name>". Written last, so a set whose files do not all match it
-// (a kill mid-write, a damaged or replaced file) is refused instead of resumed.
+// One line per file: "<fnv1a64 hex> <bytes> <name>"; a set whose files do not all match it (a damaged or
+// replaced file) is refused instead of resumed.
 constexpr const char* kManifest = "checksums.txt";
 
 std::string hex64(uint64_t v) {
@@ -50,6 +56,16 @@ struct ManifestEntry {
   uint64_t bytes = 0;
 };
 
+// The file of the manifest whose name starts with `prefix` and ends with `suffix`, or "".
+std::string listed(const std::map<std::string, ManifestEntry>& m, const std::string& prefix,
+                   const std::string& suffix) {
+  for (const auto& kv : m)
+    if (kv.first.rfind(prefix, 0) == 0 && kv.first.size() >= prefix.size() + suffix.size() &&
+        kv.first.compare(kv.first.size() - suffix.size(), suffix.size(), suffix) == 0)
+      return kv.first;
+  return "";
+}
+
 std::map<std::string, ManifestEntry> read_manifest(const fs::path& dir) {
   const fs::path path = dir / kManifest;
   std::ifstream in(path);
@@ -62,7 +78,8 @@ std::map<std::string, ManifestEntry> read_manifest(const fs::path& dir) {
     std::istringstream ss(line);
     std::string hash, name;
     ManifestEntry e;
-    if (!(ss >> hash >> e.bytes >> name) || hash.size() != 16)
+    if (!(ss >> hash >> e.bytes >> name) || hash.size() != 16 ||
+        hash.find_first_not_of("0123456789abcdef") != std::string::npos)
       throw DataError(path.string() + ": damaged line '" + line.substr(0, 80) + "'");
     e.hash = std::stoull(hash, nullptr, 16);
     out[name] = e;
@@ -107,58 +124,85 @@ void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertFo
                      optim::Optimizer& optimizer, const TrainState& state, Communicator& comm) {
   fs::create_directories(dir);
   torch::NoGradGuard no_grad;
+  const fs::path own = fs::path(dir) / rng_name(state.step, rank);
   {
     torch::serialize::OutputArchive rng;
     rng.write("generator", at::detail::getDefaultCPUGenerator().get_state());
-    atomic_save(rng, fs::path(dir) / rng_name(rank));
+    atomic_save(rng, own);
   }
   // Each rank hashes its own RNG file (ranks may not share a filesystem view); rank 0 lists them all.
-  const fs::path own = fs::path(dir) / rng_name(rank);
   const uint64_t own_hash = file_checksum(own.string());
   const auto hashes = comm.allgather({double(own_hash >> 32), double(own_hash & 0xffffffffULL),
                                       double(fs::file_size(own))});
+  std::string failure;
   if (rank == 0) {
-    torch::serialize::OutputArchive ar;
-    for (const auto& kv : model->named_parameters()) ar.write("param." + kv.key(), kv.value().detach());
-    for (const auto& kv : model->named_buffers()) ar.write("buffer." + kv.key(), kv.value().detach());
-    torch::serialize::OutputArchive opt;
-    optimizer.save(opt);
-    ar.write("optimizer", opt);
-    ar.write("step", torch::tensor(state.step, torch::kInt64));
-    ar.write("samples", torch::tensor(state.samples, torch::kInt64));
-    ar.write("seconds", torch::tensor(state.seconds, torch::kFloat64));
-    ar.write("last_accuracy", torch::tensor(state.last_accuracy, torch::kFloat64));
-    ar.write("world", torch::tensor(world, torch::kInt64));
-    std::string sig = model_signature(model);
-    ar.write("signature", torch::from_blob(sig.data(), {static_cast<int64_t>(sig.size())}, torch::kChar).clone());
-    atomic_save(ar, fs::path(dir) / "checkpoint.pt");
-    std::ostringstream manifest;
-    const fs::path ckpt = fs::path(dir) / "checkpoint.pt";
-    manifest << hex64(file_checksum(ckpt.string())) << " " << fs::file_size(ckpt) << " checkpoint.pt\n";
-    for (int64_t r = 0; r < world; ++r) {
-      const uint64_t h = (uint64_t(hashes[r * 3]) << 32) | uint64_t(hashes[r * 3 + 1]);
-      manifest << hex64(h) << " " << uint64_t(hashes[r * 3 + 2]) << " " << rng_name(r) << "\n";
+    try {
+      torch::serialize::OutputArchive ar;
+      for (const auto& kv : model->named_parameters()) ar.write("param." + kv.key(), kv.value().detach());
+      for (const auto& kv : model->named_buffers()) ar.write("buffer." + kv.key(), kv.value().detach());
+      torch::serialize::OutputArchive opt;
+      optimizer.save(opt);
+      ar.write("optimizer", opt);
+      ar.write("step", torch::tensor(state.step, torch::kInt64));
+      ar.write("samples", torch::tensor(state.samples, torch::kInt64));
+      ar.write("seconds", torch::tensor(state.seconds, torch::kFloat64));
+      ar.write("last_accuracy", torch::tensor(state.last_accuracy, torch::kFloat64));
+      ar.write("world", torch::tensor(world, torch::kInt64));
+      std::string sig = model_signature(model);
+      ar.write("signature", torch::from_blob(sig.data(), {static_cast<int64_t>(sig.size())}, torch::kChar).clone());
+      const fs::path ckpt = fs::path(dir) / model_name(state.step);
+      atomic_save(ar, ckpt);
+      std::ostringstream manifest;
+      manifest << hex64(file_checksum(ckpt.string())) << " " << fs::file_size(ckpt) << " " << model_name(state.step)
+               << "\n";
+      for (int64_t r = 0; r < world; ++r) {
+        const uint64_t h = (uint64_t(hashes[r * 3]) << 32) | uint64_t(hashes[r * 3 + 1]);
+        manifest << hex64(h) << " " << uint64_t(hashes[r * 3 + 2]) << " " << rng_name(state.step, r) << "\n";
+      }
+      const fs::path tmp = fs::path(dir) / (std::string(kManifest) + ".tmp");
+      {
+        std::ofstream out(tmp);
+        out << manifest.str();
+        out.flush();
+        if (!out) throw DataError("cannot write " + tmp.string() + " (disk full?)");
+      }
+      fs::rename(tmp, fs::path(dir) / kManifest);  // publishes the new set
+    } catch (const std::exception& e) {
+      failure = e.what();
     }
-    const fs::path tmp = fs::path(dir) / (std::string(kManifest) + ".tmp");
-    {
-      std::ofstream out(tmp);
-      out << manifest.str();
-      out.flush();
-      if (!out) throw DataError("cannot write " + tmp.string() + " (disk full?)");
-    }
-    fs::rename(tmp, fs::path(dir) / kManifest);
   }
-  comm.barrier();
+  // Every rank learns whether the set was published (a failing rank 0 must not leave the others waiting).
+  const auto ok = comm.allgather({failure.empty() ? 1.0 : 0.0});
+  if (ok[0] == 0) throw DataError("checkpoint in " + dir + " not written: " + (failure.empty() ? "rank 0 failed" : failure));
+  // The previous sets are garbage now: each rank removes its own files, rank 0 the model files.
+  std::error_code ec;
+  const std::string keep_model = model_name(state.step), keep_rng = rng_name(state.step, rank);
+  const std::string own_suffix = "-rank" + std::to_string(rank) + ".pt";
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool old_model = rank == 0 && name.rfind("checkpoint-", 0) == 0 && name != keep_model;
+    const bool old_rng = name.rfind("rng-", 0) == 0 && name != keep_rng && name.size() > own_suffix.size() &&
+                         name.compare(name.size() - own_suffix.size(), own_suffix.size(), own_suffix) == 0;
+    if (old_model || old_rng) fs::remove(e.path(), ec);
+  }
 }
 
 bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& model, optim::Optimizer& optimizer,
                      TrainState& state) {
-  fs::path path = fs::path(dir) / "checkpoint.pt";
-  if (!fs::exists(path)) return false;
-  // The whole set is checked before anything is read: checkpoint.pt and this rank's RNG state.
+  std::error_code ec;
+  bool any = fs::exists(fs::path(dir) / kManifest, ec);
+  for (const auto& e : fs::directory_iterator(dir, ec))
+    any = any || e.path().filename().string().rfind("checkpoint", 0) == 0;
+  if (!any) return false;
+  // The whole set is checked before anything is read: the model file and this rank's RNG state.
   const auto manifest = read_manifest(dir);
-  verify(dir, manifest, "checkpoint.pt");
-  verify(dir, manifest, rng_name(rank));
+  const std::string model_file = listed(manifest, "checkpoint-", ".pt");
+  if (model_file.empty()) throw DataError((fs::path(dir) / kManifest).string() + " lists no checkpoint-<step>.pt");
+  const std::string step = model_file.substr(11, model_file.size() - 14);
+  const std::string rng_file = "rng-" + step + "-rank" + std::to_string(rank) + ".pt";
+  verify(dir, manifest, model_file);
+  verify(dir, manifest, rng_file);
+  const fs::path path = fs::path(dir) / model_file;
   torch::serialize::InputArchive ar;
   try {
     ar.load_from(path.string());
@@ -195,7 +239,7 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
   state.seconds = t.item<double>();
   ar.read("last_accuracy", t);
   state.last_accuracy = t.item<double>();
-  const fs::path rng_path = fs::path(dir) / rng_name(rank);
+  const fs::path rng_path = fs::path(dir) / rng_file;
   try {
     torch::serialize::InputArchive rng;
     rng.load_from(rng_path.string());

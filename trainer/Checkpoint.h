@@ -1,5 +1,7 @@
-// Checkpoints: model + optimizer state + step/sample counters + RNG, written atomically (temp name, then
-// rename) so that a kill during the write leaves the previous checkpoint intact.
+// Checkpoints: model + optimizer state + step/sample counters + RNG. A set is checkpoint-<step>.pt (rank 0),
+// rng-<step>-rank<r>.pt (every rank) and checksums.txt (size + FNV-1a of each, renamed into place last):
+// a kill during a save leaves the previous set intact and described, and the previous set is removed only
+// once the new one is published.
 #pragma once
 #include <cstdint>
 #include <string>

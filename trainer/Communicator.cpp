@@ -89,8 +89,34 @@ void ensure_mpi_initialized() {
   std::atexit(finalize_mpi_at_exit);
 }
 
+// MPI has no bfloat16: buckets travel as 16-bit words and these user ops add (or max) them in fp32 and round
+// back, so `distributed.grad_dtype: compute` halves the bytes on the wire.
+extern "C" void bf16_sum(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const c10::BFloat16*>(in);
+  auto* b = static_cast<c10::BFloat16*>(inout);
+  for (int i = 0; i < *len; ++i) b[i] = c10::BFloat16(static_cast<float>(a[i]) + static_cast<float>(b[i]));
+}
+extern "C" void bf16_max(void* in, void* inout, int* len, MPI_Datatype*) {
+  const auto* a = static_cast<const c10::BFloat16*>(in);
+  auto* b = static_cast<c10::BFloat16*>(inout);
+  for (int i = 0; i < *len; ++i)
+    if (static_cast<float>(a[i]) > static_cast<float>(b[i])) b[i] = a[i];
+}
+
+// Created on first use, on the thread that makes every MPI call.
+MPI_Op mpi_op(ReduceOp op, torch::ScalarType t) {
+  if (t != torch::kBFloat16) return op == ReduceOp::kMax ? MPI_MAX : MPI_SUM;
+  static MPI_Op sum = MPI_OP_NULL, max = MPI_OP_NULL;
+  if (sum == MPI_OP_NULL) {
+    MPI_Op_create(bf16_sum, /*commute=*/1, &sum);
+    MPI_Op_create(bf16_max, /*commute=*/1, &max);
+  }
+  return op == ReduceOp::kMax ? max : sum;
+}
+
 MPI_Datatype mpi_type(torch::ScalarType t) {
   switch (t) {
+    case torch::kBFloat16: return MPI_UINT16_T;  // reduced with the bf16 ops above
     case torch::kFloat: return MPI_FLOAT;
     case torch::kDouble: return MPI_DOUBLE;
     case torch::kLong: return MPI_INT64_T;
@@ -98,7 +124,7 @@ MPI_Datatype mpi_type(torch::ScalarType t) {
     case torch::kByte: return MPI_UINT8_T;
     default:
       throw std::invalid_argument(std::string("mpi communicator: dtype ") + c10::toString(t) +
-                                  " is not supported (float32, float64, int32, int64, uint8)");
+                                  " is not supported (bfloat16, float32, float64, int32, int64, uint8)");
   }
 }
 
@@ -246,7 +272,7 @@ class MpiCommunicator : public Communicator {
     switch (o.kind) {
       case MpiOp::kAllreduce:
         rc = MPI_Iallreduce(MPI_IN_PLACE, o.buf.data_ptr(), int(o.buf.numel()), mpi_type(o.buf.scalar_type()),
-                            o.op == ReduceOp::kMax ? MPI_MAX : MPI_SUM, comm_, &o.req);
+                            mpi_op(o.op, o.buf.scalar_type()), comm_, &o.req);
         break;
       case MpiOp::kBroadcast:
         rc = MPI_Ibcast(o.buf.data_ptr(), int(o.buf.numel()), mpi_type(o.buf.scalar_type()), o.root, comm_, &o.req);

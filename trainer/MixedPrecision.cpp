@@ -15,8 +15,10 @@ ComputeCopy::ComputeCopy(BertForPretraining& master, const optim::Optimizer& opt
   for (size_t i = 0; i < masters.size(); ++i) {
     const torch::Tensor& p = masters[i].value();
     torch::Tensor q = copies[i].value();
-    if (!p.requires_grad()) {
+    if (!p.requires_grad()) {  // frozen: not in the flat buffers, cast on every refresh
       q.set_requires_grad(false);
+      q.set_data(p.detach().to(dtype));
+      frozen_.emplace_back(p, q);
       continue;
     }
     size_t k = 0;
@@ -35,6 +37,7 @@ ComputeCopy::ComputeCopy(BertForPretraining& master, const optim::Optimizer& opt
 void ComputeCopy::refresh() {
   torch::NoGradGuard no_grad;
   for (size_t k = 0; k < master_flat_.size(); ++k) compute_flat_[k].copy_(master_flat_[k]);
+  for (auto& [master, copy] : frozen_) copy.copy_(master);
 }
 
 int64_t ComputeCopy::bytes() const {

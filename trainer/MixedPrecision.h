@@ -7,6 +7,7 @@
 #pragma once
 #include <torch/torch.h>
 
+#include <utility>
 #include <vector>
 
 #include "optimizers/Optimizer.h"
@@ -28,6 +29,7 @@ class ComputeCopy {
  private:
   BertForPretraining copy_{nullptr};
   std::vector<torch::Tensor> master_flat_, compute_flat_;
+  std::vector<std::pair<torch::Tensor, torch::Tensor>> frozen_;  // (master, copy) of parameters not trained
 };
 
 }  // namespace bs

@@ -293,11 +293,18 @@ Dataset load_dataset(const DataConfig& cfg) {
   }
   std::sort(ds.train_files.begin(), ds.train_files.end());
   const auto meta = read_meta(fs::path(cfg.dir) / "meta.yaml");
-  if (meta)
-    for (const auto& name : meta->shards)
-      if (!fs::is_regular_file(fs::path(cfg.dir) / name, ec))
-        throw DataError((fs::path(cfg.dir) / name).string() + " is listed in " + cfg.dir +
+  if (meta && !meta->shards.empty()) {
+    // A bertsweep dataset trains on exactly the shards it lists (not, e.g., its eval.hdf5 when
+    // data.eval_file names another eval set).
+    ds.train_files.clear();
+    for (const auto& name : meta->shards) {
+      const fs::path shard = fs::path(cfg.dir) / name;
+      if (!fs::is_regular_file(shard, ec))
+        throw DataError(shard.string() + " is listed in " + cfg.dir +
                         "/meta.yaml but missing: the dataset is incomplete (restore the shard or prepare the data again)");
+      if (!fs::equivalent(shard, eval_path, ec)) ds.train_files.push_back(shard.string());
+    }
+  }
   if (ds.train_files.empty()) throw DataError("data folder " + cfg.dir + " has no training shards (*.hdf5 besides the eval file)");
 
   auto check_seq = [&](const ShardData& d, const std::string& file) {
@@ -324,7 +331,12 @@ Dataset load_dataset(const DataConfig& cfg) {
     throw DataError("eval file " + eval_path.string() + " holds no samples: accuracy could not be measured");
   if (meta && meta->train_instances >= 0 && meta->train_instances != ds.train.size())
     throw DataError(cfg.dir + "/meta.yaml says " + std::to_string(meta->train_instances) + " training samples but the "
-                    "shards hold " + std::to_string(ds.train.size()) + ": a shard is missing, truncated or foreign");
+                    "shards it lists hold " + std::to_string(ds.train.size()) + ": a shard was replaced or damaged "
+                    "(prepare the data again)");
+  if (meta && meta->eval_instances >= 0 && cfg.eval_file.empty() && meta->eval_instances != ds.eval.size())
+    throw DataError(cfg.dir + "/meta.yaml says " + std::to_string(meta->eval_instances) + " eval samples but " +
+                    eval_path.string() + " holds " + std::to_string(ds.eval.size()) +
+                    ": the eval set was replaced or damaged (prepare the data again)");
 
   const fs::path vocab = fs::path(cfg.dir) / "vocab.txt";
   const int64_t seen = std::max(max_id(ds.train), max_id(ds.eval));

@@ -107,11 +107,8 @@ class Evaluator {
   int64_t samples_ = 0;
 };
 
-// Bytes per parameter that training holds: fp32 master, fp32 gradient, two fp32 optimizer moments, and a
-// bf16 compute copy under mixed precision.
-int64_t precision_bytes_hint(const TrainConfig& cfg) { return cfg.precision == "fp32" ? 16 : 18; }
-
-// Refuses a model whose weights, gradients and optimizer state alone would not fit in this machine's memory
+// Refuses a model whose weights, gradients and optimizer state alone (bytes_per_param: fp32 master, gradient
+// and two moments = 16, plus 2 for a bf16 compute copy) would not fit in this machine's memory
 // (activations come on top), with the estimate in the message: better than an allocation failure or swap.
 void check_model_fits_in_memory(const ModelConfig& m, int64_t bytes_per_param) {
   const double H = double(m.hidden), I = double(m.intermediate);
@@ -170,6 +167,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   // Ranks must agree on what they train: compare config hashes before any data is read.
   check_same_config(*comm, cfg.to_yaml_string());
   const PrecisionChoice precision = resolve_precision(cfg);
+  // `auto` reads each node's CPU: every rank must have resolved to the same device and precision.
+  check_same_config(*comm, "device: " + precision.device_name + ", precision: " + precision.precision);
 
   mllog.log("init_start", "null", "INTERVAL_START");
   Dataset data = load_dataset(cfg.data);
@@ -184,7 +183,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   if (cfg.batch.global % world != 0)
     throw ConfigError("batch.global (" + std::to_string(cfg.batch.global) + ") must be divisible by the number of ranks (" +
                       std::to_string(world) + ")");
-  check_model_fits_in_memory(cfg.model, precision_bytes_hint(cfg));
+  check_model_fits_in_memory(cfg.model, precision.mixed() ? 18 : 16);
   const int64_t local_batch = cfg.batch.global / world;
   const int64_t accumulation = (local_batch + cfg.batch.micro - 1) / cfg.batch.micro;
   const int64_t total_steps =

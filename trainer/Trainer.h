@@ -22,7 +22,7 @@ struct Terminated : std::runtime_error {
 struct TrainOptions {
   std::string events;        // "", "stdout", "fd:N" or a file: trial-protocol JSON lines
   bool quiet = false;        // no progress lines on stderr
-  bool resume = false;       // continue from checkpoint.dir/checkpoint.pt
+  bool resume = false;       // continue from the checkpoint set in checkpoint.dir
   std::string dump_params;   // write final parameters (float32, registration order) here; for tests
 };
 

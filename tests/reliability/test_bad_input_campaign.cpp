@@ -324,20 +324,32 @@ TEST_F(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
   const std::string ck = dir_ + "/ck";
   auto first = test::run({test::bertsweep_bin(), "train", "--config", tiny_, "--set", "checkpoint.dir=" + ck, "--quiet"}, 180);
   ASSERT_EQ(first.exit_code, 0) << first.err;
+  // The set's files are named by step: find them.
+  auto file_in = [](const std::string& d, const std::string& prefix) {
+    for (const auto& e : fs::directory_iterator(d))
+      if (e.path().filename().string().rfind(prefix, 0) == 0) return e.path().string();
+    return d + "/" + prefix + "-missing";
+  };
   std::vector<std::tuple<std::string, std::function<void(const std::string&)>, std::string>> ck_damages = {
-      {"random-checkpoint", [](const std::string& d) {
+      {"random-checkpoint", [&](const std::string& d) {
          std::mt19937 g(9);
-         std::ofstream o(d + "/checkpoint.pt", std::ios::binary);
+         std::ofstream o(file_in(d, "checkpoint-"), std::ios::binary);
          for (int i = 0; i < 4096; ++i) o.put(static_cast<char>(g() & 0xff));
-       }, "checkpoint.pt"},
-      {"flipped-byte", [](const std::string& d) {
-         std::fstream f(d + "/checkpoint.pt", std::ios::in | std::ios::out | std::ios::binary);
+       }, "checkpoint-"},
+      {"flipped-byte", [&](const std::string& d) {
+         std::fstream f(file_in(d, "checkpoint-"), std::ios::in | std::ios::out | std::ios::binary);
          f.seekp(1000);
          f.put('\x5a');
-       }, "checkpoint.pt"},
-      {"truncated-rng", [](const std::string& d) { fs::resize_file(d + "/rng_rank0.pt", 10); }, "rng_rank0.pt"},
-      {"missing-rng", [](const std::string& d) { fs::remove(d + "/rng_rank0.pt"); }, "rng_rank0.pt"},
+       }, "checkpoint-"},
+      {"truncated-rng", [&](const std::string& d) { fs::resize_file(file_in(d, "rng-"), 10); }, "-rank0.pt"},
+      {"missing-rng", [&](const std::string& d) { fs::remove(file_in(d, "rng-")); }, "-rank0.pt"},
+      {"missing-model", [&](const std::string& d) { fs::remove(file_in(d, "checkpoint-")); }, "checkpoint-"},
       {"missing-manifest", [](const std::string& d) { fs::remove(d + "/checksums.txt"); }, "checksums.txt"},
+      {"damaged-manifest", [](const std::string& d) {
+         std::string m = test::read_file(d + "/checksums.txt");
+         m[3] = 'z';
+         std::ofstream(d + "/checksums.txt") << m;
+       }, "checksums.txt"},
   };
   for (const auto& [name, damage, needle] : ck_damages) {
     const std::string d = dir_ + "/ck-" + name;

@@ -43,6 +43,27 @@ TEST(CommunicatorMpi, AllreduceSumsAndAveragesOverRanks) {
   EXPECT_EQ(i[2].item<int64_t>(), 3);
 }
 
+// bf16 buckets (distributed.grad_dtype: compute): summed in fp32 per element and rounded to bf16, so the
+// result equals the fp32 sum of the two bf16 inputs rounded once; average and max too.
+TEST(CommunicatorMpi, Bfloat16AllreduceSumsInFp32AndRoundsOnce) {
+  BS_RUN_IN_MPI_RANKS();
+  auto comm = bs::make_communicator(mpi_config());
+  const int r = comm->rank();
+  auto local = [](int rank) { return torch::linspace(-3, 5, 4097, torch::kFloat).mul(rank + 1).add(0.001 * rank); };
+  const auto a = local(0).to(torch::kBFloat16), b = local(1).to(torch::kBFloat16);
+  const auto expect = (a.to(torch::kFloat) + b.to(torch::kFloat)).to(torch::kBFloat16);
+  torch::Tensor t = (r == 0 ? a : b).clone();
+  comm->allreduce(t, bs::ReduceOp::kSum);
+  EXPECT_EQ(t.scalar_type(), torch::kBFloat16);
+  EXPECT_TRUE(torch::equal(t, expect));
+  torch::Tensor m = (r == 0 ? a : b).clone();
+  comm->allreduce(m, bs::ReduceOp::kMax);
+  EXPECT_TRUE(torch::equal(m, torch::max(a, b)));
+  torch::Tensor avg = (r == 0 ? a : b).clone();
+  comm->allreduce(avg, bs::ReduceOp::kAvg);
+  EXPECT_TRUE(torch::allclose(avg.to(torch::kFloat), expect.to(torch::kFloat) / 2, 1e-2, 1e-2));
+}
+
 TEST(CommunicatorMpi, NonBlockingOperationsProceedAndCompleteInAnyWaitOrder) {
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());

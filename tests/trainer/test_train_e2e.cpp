@@ -160,7 +160,7 @@ TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
   waitpid(pid, &status, 0);
   ASSERT_TRUE(WIFEXITED(status));
   ASSERT_EQ(WEXITSTATUS(status), bs::exit_code::kTerminated);
-  ASSERT_TRUE(fs::exists(ck + "/checkpoint.pt"));
+  ASSERT_TRUE(fs::exists(ck + "/checksums.txt"));
   auto resumed = run({bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
                       "checkpoint.dir=" + ck, "--resume", "--events", "stdout", "--quiet"});
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
