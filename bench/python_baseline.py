@@ -40,7 +40,7 @@ def parse_args():
     p.add_argument("--autocast", action="store_true",
                    help="fp32 weights, torch.autocast(device, dtype=torch.bfloat16) around forward (mixed precision)")
     p.add_argument("--synthetic-vocab", type=int, default=0,
-                   help="random full-length batches with this vocab instead of the shards (bench/gpu.sh)")
+                   help="random full-length batches with this vocab instead of the shards (bench/gpu_check.sh)")
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--wait-policy", choices=["passive", "default"], default="passive",
                    help="OMP_WAIT_POLICY: passive (as bertsweep sets it) or the OpenMP default")

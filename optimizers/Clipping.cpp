@@ -49,4 +49,44 @@ double clip_bucket_(torch::Tensor bucket, double max_norm, int64_t n_buckets) {
   return norm;
 }
 
+namespace {
+// min(1, coefficient) as a tensor; 1 where the norm is not finite.
+torch::Tensor clip_factor(const torch::Tensor& norm, double max_norm) {
+  auto coef = max_norm / (norm * (1 + 1e-6) + 1e-6);
+  return torch::where(torch::isfinite(norm), coef.clamp_max(1.0), torch::ones_like(coef));
+}
+}  // namespace
+
+torch::Tensor global_norm_tensor(const std::vector<torch::Tensor>& grads) {
+  torch::NoGradGuard no_grad;
+  std::vector<torch::Tensor> sq;
+  torch::Device device = torch::kCPU;
+  for (const auto& g : grads)
+    if (g.defined() && g.numel() > 0) {
+      sq.push_back(g.norm().to(torch::kDouble).square());
+      device = g.device();
+    }
+  if (sq.empty()) return torch::zeros({}, torch::dtype(torch::kDouble).device(device));
+  return torch::stack(sq).sum().sqrt();
+}
+
+torch::Tensor clip_global_norm_tensor_(const std::vector<torch::Tensor>& grads, double max_norm) {
+  check_max_norm(max_norm);
+  torch::NoGradGuard no_grad;
+  auto norm = global_norm_tensor(grads);
+  auto factor = clip_factor(norm, max_norm);
+  for (const auto& g : grads)
+    if (g.defined() && g.numel() > 0) g.mul_(factor.to(g.scalar_type()));
+  return norm;
+}
+
+torch::Tensor clip_bucket_tensor_(torch::Tensor bucket, double max_norm, int64_t n_buckets) {
+  check_max_norm(max_norm);
+  if (n_buckets < 1) throw std::invalid_argument("clip_bucket_tensor_: n_buckets must be >= 1");
+  torch::NoGradGuard no_grad;
+  auto norm = global_norm_tensor({bucket});
+  bucket.mul_(clip_factor(norm, max_norm / std::sqrt(static_cast<double>(n_buckets))).to(bucket.scalar_type()));
+  return norm;
+}
+
 }  // namespace bs::optim

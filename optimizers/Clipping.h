@@ -18,4 +18,11 @@ double clip_global_norm_(const std::vector<torch::Tensor>& grads, double max_nor
 // With every bucket clipped so, the whole gradient's norm is <= max_norm.
 double clip_bucket_(torch::Tensor bucket, double max_norm, int64_t n_buckets);
 
+// The same clips with the norm and the factor kept as 0-dim float64 tensors on the gradients' device: no
+// host synchronisation, so a GPU stream never stalls in an autograd hook. A non-finite norm gives factor 1
+// (grads untouched), as above. Each returns the norm before clipping; read it once per step.
+torch::Tensor global_norm_tensor(const std::vector<torch::Tensor>& grads);
+torch::Tensor clip_global_norm_tensor_(const std::vector<torch::Tensor>& grads, double max_norm);
+torch::Tensor clip_bucket_tensor_(torch::Tensor bucket, double max_norm, int64_t n_buckets);
+
 }  // namespace bs::optim

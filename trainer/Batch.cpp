@@ -82,4 +82,19 @@ BertBatch collate(const ShardData& data, const MicroBatch& mb, int64_t row_len) 
   return b;
 }
 
+BertBatch to_device(const BertBatch& b, torch::Device device) {
+  if (device.is_cpu()) return b;
+  auto move = [&](const torch::Tensor& t) { return t.pin_memory().to(device, /*non_blocking=*/true); };
+  BertBatch out = b;
+  out.inputs.input_ids = move(b.inputs.input_ids);
+  out.inputs.segment_ids = move(b.inputs.segment_ids);
+  out.inputs.position_ids = move(b.inputs.position_ids);
+  out.inputs.attention_ids = move(b.inputs.attention_ids);
+  out.inputs.mlm_positions = move(b.inputs.mlm_positions);
+  out.inputs.nsp_positions = move(b.inputs.nsp_positions);
+  out.mlm_labels = move(b.mlm_labels);
+  out.nsp_labels = move(b.nsp_labels);
+  return out;
+}
+
 }  // namespace bs

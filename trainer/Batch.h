@@ -38,4 +38,8 @@ struct BertBatch {
 // `row_len`: length of every row; 0 trims to the longest row of this micro-batch.
 BertBatch collate(const ShardData& data, const MicroBatch& mb, int64_t row_len = 0);
 
+// The batch on `device`: on a GPU through pinned host memory with non-blocking copies, so the host goes on
+// collating the next micro-batch while the copy and the compute of this one run. On the CPU: itself.
+BertBatch to_device(const BertBatch& batch, torch::Device device);
+
 }  // namespace bs

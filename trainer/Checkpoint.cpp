@@ -128,6 +128,9 @@ void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertFo
   {
     torch::serialize::OutputArchive rng;
     rng.write("generator", at::detail::getDefaultCPUGenerator().get_state());
+    // On a GPU, dropout draws from the device's generator.
+    const torch::Device device = model->parameters().front().device();
+    if (device.is_cuda()) rng.write("cuda_generator", at::globalContext().defaultGenerator(device).get_state());
     atomic_save(rng, own);
   }
   // Each rank hashes its own RNG file (ranks may not share a filesystem view); rank 0 lists them all.
@@ -205,7 +208,7 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
   const fs::path path = fs::path(dir) / model_file;
   torch::serialize::InputArchive ar;
   try {
-    ar.load_from(path.string());
+    ar.load_from(path.string(), torch::Device(torch::kCPU));  // saved on any device, loaded on any
   } catch (const std::exception& e) {
     throw DataError(path.string() + ": not a readable bertsweep checkpoint (" + std::string(e.what()).substr(0, 200) +
                     ")");
@@ -242,11 +245,19 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
   const fs::path rng_path = fs::path(dir) / rng_file;
   try {
     torch::serialize::InputArchive rng;
-    rng.load_from(rng_path.string());
+    rng.load_from(rng_path.string(), torch::Device(torch::kCPU));
     torch::Tensor g;
     rng.read("generator", g);
     at::Generator gen = at::detail::getDefaultCPUGenerator();  // shares the default generator
     gen.set_state(g);
+    // A GPU run restores its device generator; a set saved on another device has none (or one this run
+    // does not use): dropout then continues from a fresh stream, the weights are exact either way.
+    const torch::Device device = model->parameters().front().device();
+    torch::Tensor cg;
+    if (device.is_cuda() && rng.try_read("cuda_generator", cg)) {
+      at::Generator cuda_gen = at::globalContext().defaultGenerator(device);
+      cuda_gen.set_state(cg);
+    }
   } catch (const c10::Error& e) {
     throw DataError(rng_path.string() + ": not a readable RNG state (" + e.what_without_backtrace() + ")");
   }

@@ -65,6 +65,10 @@ class Communicator {
   // Blocking forms.
   void allreduce(torch::Tensor t, ReduceOp op) { allreduce_async(std::move(t), op)->wait(); }
   double allreduce(double x, ReduceOp op);
+  // A point in this rank's compute order: done once everything queued before it has run (on the CPU at
+  // once; on a GPU when the current stream gets there). Its finished_at() is when backward really ended,
+  // against which communication still in flight is exposed.
+  virtual std::shared_ptr<CommWork> mark();
   virtual void barrier() = 0;
   // Root's bytes, on every rank.
   virtual std::string broadcast(const std::string& bytes, int root) = 0;
@@ -72,9 +76,10 @@ class Communicator {
   virtual std::vector<double> allgather(const std::vector<double>& values) = 0;
 };
 
-// backend: none | mpi | gloo | nccl | auto (mpi when launched by mpirun/srun with world > 1, else none).
-// Throws ConfigError for an unknown or not-built backend, DistributedError when the peers cannot be reached.
-std::unique_ptr<Communicator> make_communicator(const DistributedConfig& cfg);
+// backend: none | mpi | gloo | nccl | auto (when launched by mpirun/srun with world > 1: nccl for `cuda`
+// gradients, else mpi; alone: none). Throws ConfigError for an unknown or not-built backend or one that
+// cannot reduce tensors of that device, DistributedError when the peers cannot be reached.
+std::unique_ptr<Communicator> make_communicator(const DistributedConfig& cfg, bool cuda = false);
 
 // Every rank passes its resolved config text; throws DistributedError naming the ranks whose config
 // differs from rank 0's (different builds, files or --set overrides).

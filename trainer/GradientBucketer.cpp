@@ -52,7 +52,8 @@ double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>
 }  // namespace
 
 GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm,
-                                   const ClipConfig& clip, std::optional<torch::ScalarType> reduce_dtype)
+                                   const ClipConfig& clip, std::optional<torch::ScalarType> reduce_dtype,
+                                   const std::vector<torch::Tensor>& flat_grads)
     : comm_(comm), clip_(clip) {
   static const std::vector<std::string> modes = {"none", "global_after_allreduce", "bucket_before_allreduce",
                                                  "local_before_allreduce"};
@@ -67,8 +68,22 @@ GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Com
     for (const auto& q : params_) dup = dup || q.unsafeGetTensorImpl() == p.unsafeGetTensorImpl();
     if (!dup) params_.push_back(p);
   }
-  const double cap_bytes = clip.bucket_mb * 1024.0 * 1024.0;
   bucket_of_.assign(params_.size(), -1);
+  const bool same_dtype = !flat_grads.empty() && (!reduce_dtype || *reduce_dtype == flat_grads.front().scalar_type());
+  views_ = same_dtype && build_view_buckets(flat_grads);
+  if (!views_) build_copy_buckets(reduce_dtype);
+  seen_.assign(params_.size(), 0);
+  for (size_t i = 0; i < params_.size(); ++i) {
+    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
+    if (!acc) throw std::invalid_argument("GradientBucketer: parameter " + std::to_string(i) + " is not a leaf");
+    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>([this, i] { on_grad_ready(int64_t(i)); })));
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+// Buckets of about bucket_mb in reverse registration order, each with its own buffer.
+void GradientBucketer::build_copy_buckets(std::optional<torch::ScalarType> reduce_dtype) {
+  const double cap_bytes = clip_.bucket_mb * 1024.0 * 1024.0;
   for (int64_t i = int64_t(params_.size()) - 1; i >= 0; --i) {
     const auto& p = params_[i];
     bool fresh = buckets_.empty();
@@ -91,13 +106,51 @@ GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Com
     if (reduce_dtype) options = options.dtype(*reduce_dtype);
     b.buffer = torch::zeros({b.offsets.back() + params_[b.params.back()].numel()}, options);
   }
-  seen_.assign(params_.size(), 0);
+}
+
+// Buckets as ranges of the flat gradient buffers, when every gradient is a contiguous view into one of them.
+// Within a buffer, parameters are laid out in registration order: walking it from the end gives buckets in
+// about the order backward completes them. Buckets of all buffers are then ordered by their earliest
+// registered parameter, latest first (the last gradient a bucket waits for).
+bool GradientBucketer::build_view_buckets(const std::vector<torch::Tensor>& flat_grads) {
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> in_flat(flat_grads.size());  // (offset, param)
   for (size_t i = 0; i < params_.size(); ++i) {
-    auto acc = torch::autograd::impl::grad_accumulator(params_[i]);
-    if (!acc) throw std::invalid_argument("GradientBucketer: parameter " + std::to_string(i) + " is not a leaf");
-    hook_keys_.push_back(acc->add_post_hook(std::make_unique<GradReadyHook>([this, i] { on_grad_ready(int64_t(i)); })));
-    accumulators_.push_back(std::move(acc));
+    const auto& g = params_[i].grad();
+    if (!g.defined() || !g.is_contiguous()) return false;
+    size_t k = 0;
+    while (k < flat_grads.size() && !g.is_alias_of(flat_grads[k])) ++k;
+    if (k == flat_grads.size() || flat_grads[k].dim() != 1 || g.scalar_type() != flat_grads[k].scalar_type())
+      return false;
+    const int64_t off = g.storage_offset() - flat_grads[k].storage_offset();
+    if (off < 0 || off + g.numel() > flat_grads[k].numel()) return false;
+    in_flat[k].emplace_back(off, int64_t(i));
   }
+  const double cap_bytes = clip_.bucket_mb * 1024.0 * 1024.0;
+  std::vector<Bucket> made;
+  for (size_t k = 0; k < flat_grads.size(); ++k) {
+    auto& entries = in_flat[k];
+    std::sort(entries.begin(), entries.end());
+    const int64_t elem = int64_t(flat_grads[k].element_size());
+    int64_t hi = flat_grads[k].numel();  // this bucket's end (exclusive): the previous bucket's start
+    Bucket b;
+    for (auto it = entries.rbegin(); it != entries.rend(); ++it) {
+      b.params.push_back(it->second);
+      const bool last = std::next(it) == entries.rend();
+      const int64_t lo = last ? 0 : it->first;  // the lowest bucket also takes any leading padding
+      if (last || double((hi - lo) * elem) >= cap_bytes) {
+        b.buffer = flat_grads[k].narrow(0, lo, hi - lo);
+        made.push_back(std::move(b));
+        b = Bucket{};
+        hi = lo;
+      }
+    }
+  }
+  auto earliest = [](const Bucket& b) { return *std::min_element(b.params.begin(), b.params.end()); };
+  std::stable_sort(made.begin(), made.end(), [&](const Bucket& a, const Bucket& b) { return earliest(a) > earliest(b); });
+  buckets_ = std::move(made);
+  for (size_t j = 0; j < buckets_.size(); ++j)
+    for (int64_t i : buckets_[j].params) bucket_of_[i] = int64_t(j);
+  return true;
 }
 
 GradientBucketer::~GradientBucketer() {
@@ -131,8 +184,11 @@ void GradientBucketer::begin_micro(bool last) {
     b.pending = int64_t(b.params.size());
     b.launched = false;
     b.work.reset();
-    b.local_norm = 0;
+    b.local_norm = torch::Tensor();
   }
+  finished_ = false;
+  step_norm_ = torch::Tensor();
+  backward_done_.reset();
   std::fill(seen_.begin(), seen_.end(), 0);
   next_launch_ = 0;
   launched_in_backward_ = 0;
@@ -154,6 +210,7 @@ void GradientBucketer::launch_ready_buckets(bool from_hook) {
 }
 
 void GradientBucketer::gather(Bucket& b) {
+  if (views_) return;  // the gradients are already in place
   for (size_t j = 0; j < b.params.size(); ++j) {
     const auto& p = params_[b.params[j]];
     auto slice = b.buffer.narrow(0, b.offsets[j], p.numel());
@@ -164,6 +221,7 @@ void GradientBucketer::gather(Bucket& b) {
 }
 
 void GradientBucketer::scatter(Bucket& b) {
+  if (views_) return;
   for (size_t j = 0; j < b.params.size(); ++j) {
     auto p = params_[b.params[j]];
     auto slice = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
@@ -180,14 +238,12 @@ void GradientBucketer::launch(Bucket& b, bool from_hook) {
   if (!uses_buffers()) return;
   gather(b);
   if (clip_.mode == "bucket_before_allreduce")
-    b.local_norm = optim::clip_bucket_(b.buffer, clip_.max_norm, num_buckets());
+    b.local_norm = optim::clip_bucket_tensor_(b.buffer, clip_.max_norm, num_buckets());
   if (comm_.world() > 1) b.work = comm_.allreduce_async(b.buffer, ReduceOp::kAvg);
 }
 
-BucketStats GradientBucketer::finish() {
+void GradientBucketer::finish() {
   torch::NoGradGuard no_grad;
-  BucketStats st;
-  st.buckets = num_buckets();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     armed_ = false;
@@ -200,9 +256,9 @@ BucketStats GradientBucketer::finish() {
           gather(b);
           bufs.push_back(b.buffer);
         }
-        st.grad_norm = optim::clip_global_norm_(bufs, clip_.max_norm);
+        step_norm_ = optim::clip_global_norm_tensor_(bufs, clip_.max_norm);
       } else {
-        st.grad_norm = optim::clip_global_norm_(grads(), clip_.max_norm);
+        step_norm_ = optim::clip_global_norm_tensor_(grads(), clip_.max_norm);
       }
       for (auto& b : buckets_) {
         b.pending = 0;
@@ -215,30 +271,47 @@ BucketStats GradientBucketer::finish() {
       for (auto& b : buckets_) b.pending = 0;  // unused parameters: their buckets go now
       launch_ready_buckets(false);
     }
-    st.launched_in_backward = launched_in_backward_;
   }
-  const auto wait_start = Clock::now();
+  // Backward has been queued; on a GPU the stream reaches this point later than the host.
+  backward_done_ = comm_.mark();
   for (auto& b : buckets_)
     if (b.work) b.work->wait();
-  st.exposed_seconds = seconds(Clock::now() - wait_start);
-  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
-  for (auto& b : buckets_)
-    if (b.work) spans.emplace_back(b.work->started_at(), b.work->finished_at());
-  st.comm_seconds = union_seconds(spans);
-  st.overlap = st.comm_seconds > 0 ? std::clamp(1.0 - st.exposed_seconds / st.comm_seconds, 0.0, 1.0) : 0.0;
   if (uses_buffers())
     for (auto& b : buckets_) scatter(b);
-  for (auto& b : buckets_) b.work.reset();
 
   if (clip_.mode == "global_after_allreduce") {
-    st.grad_norm = optim::clip_global_norm_(grads(), clip_.max_norm);
+    step_norm_ = optim::clip_global_norm_tensor_(grads(), clip_.max_norm);
   } else if (clip_.mode == "bucket_before_allreduce") {
-    double sq = 0;
-    for (const auto& b : buckets_) sq += b.local_norm * b.local_norm;
-    st.grad_norm = std::sqrt(sq);
+    std::vector<torch::Tensor> sq;
+    for (const auto& b : buckets_)
+      if (b.local_norm.defined()) sq.push_back(b.local_norm.square());
+    step_norm_ = sq.empty() ? optim::global_norm_tensor({}) : torch::stack(sq).sum().sqrt();
   } else if (clip_.mode == "none") {
-    st.grad_norm = optim::global_norm(grads());
+    step_norm_ = optim::global_norm_tensor(grads());
   }
+  finished_ = true;
+}
+
+BucketStats GradientBucketer::step_stats() {
+  if (!finished_) throw std::logic_error("GradientBucketer::step_stats before finish()");
+  BucketStats st;
+  st.buckets = num_buckets();
+  st.launched_in_backward = launched_in_backward_;
+  st.grad_norm = step_norm_.defined() ? step_norm_.item<double>() : 0.0;  // the one host read
+  // Communication still running after backward ended was exposed: the step waited for it.
+  Clock::time_point backward_end = backward_done_ ? (backward_done_->wait(), backward_done_->finished_at()) : Clock::now();
+  Clock::time_point last_done = backward_end;
+  std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
+  for (auto& b : buckets_)
+    if (b.work) {
+      b.work->wait();
+      spans.emplace_back(b.work->started_at(), b.work->finished_at());
+      last_done = std::max(last_done, b.work->finished_at());
+    }
+  st.comm_seconds = union_seconds(spans);
+  st.exposed_seconds = seconds(last_done - backward_end);
+  st.overlap = st.comm_seconds > 0 ? std::clamp(1.0 - st.exposed_seconds / st.comm_seconds, 0.0, 1.0) : 0.0;
+  for (auto& b : buckets_) b.work.reset();
   return st;
 }
 

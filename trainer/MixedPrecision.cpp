@@ -8,6 +8,7 @@ namespace bs {
 ComputeCopy::ComputeCopy(BertForPretraining& master, const optim::Optimizer& optimizer, torch::ScalarType dtype)
     : copy_(master->config()), master_flat_(optimizer.param_buffers()) {
   torch::NoGradGuard no_grad;
+  if (!master_flat_.empty()) copy_->to(master_flat_.front().device());  // buffers (e.g. position ids) too
   for (const auto& m : master_flat_) compute_flat_.push_back(torch::zeros_like(m, m.options().dtype(dtype)));
   const auto masters = master->named_parameters();
   const auto copies = copy_->named_parameters();

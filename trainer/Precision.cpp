@@ -3,6 +3,9 @@
 #include <fstream>
 #include <sstream>
 
+#include "trainer/Communicator.h"
+#include "trainer/CudaDevice.h"
+
 namespace bs {
 
 std::string CpuInfo::bf16_isa() const { return amx_bf16 ? "amx_bf16" : avx512_bf16 ? "avx512_bf16" : "none"; }
@@ -31,17 +34,44 @@ CpuInfo read_cpu_info(const std::string& cpuinfo_path) {
   return info;
 }
 
+namespace {
+
+// device: cuda (or auto with a GPU): this rank's GPU is local_rank % GPUs, as NCCL's communicator takes it.
+PrecisionChoice resolve_on_gpu(const TrainConfig& cfg, int gpus) {
+  PrecisionChoice c;
+  const int index = detect_launch().local_rank % gpus;
+  const GpuInfo gpu = cuda_device_info(index);
+  c.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
+  c.device_name = "cuda";
+  const std::string where = "cuda:" + std::to_string(index) + " of " + std::to_string(gpus) + ", " + gpu.describe();
+  if (cfg.precision == "fp16")
+    throw ConfigError("precision: fp16 (with dynamic loss scaling) is not built yet; use bf16 (compute capability "
+                      ">= 8.0) or fp32");
+  if (cfg.precision == "auto") {
+    c.precision = gpu.native_bf16() ? "bf16" : "fp32";
+    c.reason = "auto: " + where + (gpu.native_bf16() ? " runs bf16 natively" : " (before sm_80: no native bf16)");
+  } else {
+    c.precision = cfg.precision;
+    c.reason = "requested: " + where;
+  }
+  c.compute = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  return c;
+}
+
+}  // namespace
+
 PrecisionChoice resolve_precision(const TrainConfig& cfg, const CpuInfo& cpu) {
   PrecisionChoice c;
-  const bool cuda_built = torch::cuda::is_available();
-  if (cfg.device == "cuda") {
-    if (!cuda_built)
-      throw ConfigError("device: cuda, but this LibTorch build has no CUDA or no GPU is visible (available: cpu; "
-                        "set device: cpu or auto)");
-    throw ConfigError("device: cuda: this version of the trainer runs on the CPU only (the GPU trainer is the next "
-                      "step); set device: cpu or auto");
-  }
-  // device auto: the CPU (training on a GPU is not built yet, so auto never picks one).
+  const int gpus = cuda_device_count();
+  if (cfg.device == "cuda" && gpus == 0)
+    throw ConfigError(std::string("device: cuda, but ") +
+#ifdef BERTSWEEP_WITH_CUDA
+                      "no GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)" +
+#else
+                      "this build of bertsweep has no CUDA (LibTorch " TORCH_VERSION " without CUDA)" +
+#endif
+                      "; available: cpu. Set device: cpu or auto");
+  if (cfg.device == "cuda" || (cfg.device == "auto" && gpus > 0)) return resolve_on_gpu(cfg, gpus);
   c.device = torch::kCPU;
   c.device_name = "cpu";
   const std::string isa = cpu.bf16_isa();

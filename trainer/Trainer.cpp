@@ -20,6 +20,7 @@
 #include "trainer/BertModel.h"
 #include "trainer/Checkpoint.h"
 #include "trainer/Communicator.h"
+#include "trainer/CudaDevice.h"
 #include "trainer/EventLog.h"
 #include "trainer/GradientBucketer.h"
 #include "trainer/MixedPrecision.h"
@@ -57,7 +58,7 @@ struct EvalResult {
 // The fixed eval set, collated once: rank r evaluates rows r, r+world, ...; counts are summed over ranks.
 class Evaluator {
  public:
-  Evaluator(const ShardData& eval, int64_t limit, int64_t rank, int64_t world) {
+  Evaluator(const ShardData& eval, int64_t limit, int64_t rank, int64_t world, torch::Device device) {
     int64_t n = limit > 0 ? std::min(limit, eval.size()) : eval.size();
     // Sorting by length keeps eval batches dense; the metric does not depend on the batching.
     std::vector<int64_t> idx;
@@ -68,25 +69,33 @@ class Evaluator {
     for (std::size_t s = 0; s < idx.size(); s += kRows) {
       MicroBatch mb;
       for (std::size_t i = s; i < std::min(idx.size(), s + kRows); ++i) mb.rows.push_back({idx[i]});
-      batches_.push_back(collate(eval, mb));
+      batches_.push_back(to_device(collate(eval, mb), device));  // small: kept on the device
     }
     samples_ = n;
   }
   EvalResult run(BertForPretraining& model, Communicator& comm) {
     torch::NoGradGuard no_grad;
     model->eval();
-    double correct = 0, total = 0, loss_sum = 0;
+    // Counts and losses stay on the device until the end: one read, not two per batch.
+    std::vector<torch::Tensor> correct_t, loss_t;
+    double total = 0;
     for (const auto& b : batches_) {
       auto out = model->forward(b.inputs);
       auto pred = out.mlm_logits.argmax(-1);
-      correct += pred.eq(b.mlm_labels).sum().item<double>();
+      correct_t.push_back(pred.eq(b.mlm_labels).sum().to(torch::kDouble));
       total += static_cast<double>(b.mlm_labels.numel());
-      loss_sum += torch::nn::functional::cross_entropy(
-                      out.mlm_logits.to(torch::kFloat), b.mlm_labels,
-                      torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                      .item<double>();
+      loss_t.push_back(torch::nn::functional::cross_entropy(
+                           out.mlm_logits.to(torch::kFloat), b.mlm_labels,
+                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+                           .to(torch::kDouble));
     }
     model->train();
+    double correct = 0, loss_sum = 0;
+    if (!batches_.empty()) {
+      auto sums = torch::stack({torch::stack(correct_t).sum(), torch::stack(loss_t).sum()}).cpu();
+      correct = sums[0].item<double>();
+      loss_sum = sums[1].item<double>();
+    }
     auto all = comm.allgather({correct, total, loss_sum});
     double c = 0, t = 0, l = 0;
     for (std::size_t i = 0; i + 2 < all.size(); i += 3) {
@@ -108,25 +117,25 @@ class Evaluator {
 };
 
 // Refuses a model whose weights, gradients and optimizer state alone (bytes_per_param: fp32 master, gradient
-// and two moments = 16, plus 2 for a bf16 compute copy) would not fit in this machine's memory
-// (activations come on top), with the estimate in the message: better than an allocation failure or swap.
-void check_model_fits_in_memory(const ModelConfig& m, int64_t bytes_per_param) {
+// and two moments = 16, plus 2 for a bf16 compute copy) would not fit in the memory `have` of `where` (this
+// machine or its GPU; activations come on top), with the estimate in the message: better than an allocation
+// failure or swap.
+void check_model_fits_in_memory(const ModelConfig& m, int64_t bytes_per_param, double have, const std::string& where) {
   const double H = double(m.hidden), I = double(m.intermediate);
   const double params = double(m.vocab_size + m.max_position + m.type_vocab_size) * H +
                         double(m.layers) * (4 * H * H + 2 * H * I + 9 * H + I) + 2 * H * H + 2 * H + 4 * H;
   const double need = params * double(bytes_per_param);
-  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
   if (have > 0 && need > 0.8 * have) {
-    char buf[256];
+    char buf[320];
     std::snprintf(buf, sizeof buf, "%.3g parameters need %.1f GiB for weights, gradients and optimizer state alone; "
-                  "this machine has %.1f GiB", params, need / 1073741824.0, have / 1073741824.0);
+                  "%s has %.1f GiB", params, need / 1073741824.0, where.c_str(), have / 1073741824.0);
     throw ConfigError(std::string("model: ") + buf + " (make model.hidden, model.layers or model.vocab_size smaller)");
   }
 }
 
 void write_params(const std::string& path, BertForPretraining& model) {
   std::vector<torch::Tensor> flat;
-  for (const auto& p : model->parameters()) flat.push_back(p.detach().to(torch::kFloat).reshape(-1));
+  for (const auto& p : model->parameters()) flat.push_back(p.detach().to(torch::kCPU, torch::kFloat).reshape(-1));
   auto all = torch::cat(flat).contiguous();
   std::string tmp = path + ".tmp";
   FILE* f = std::fopen(tmp.c_str(), "wb");
@@ -155,7 +164,11 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
                       " cores of this machine; set threads: 0 (this process's share) or at most " +
                       std::to_string(cores));
   RuntimeInfo rt = configure_runtime(cfg.threads);
-  auto comm = make_communicator(cfg.distributed);
+  // Device and precision first: the communicator's backend depends on the device.
+  const PrecisionChoice precision = resolve_precision(cfg);
+  const bool cuda = precision.device.is_cuda();
+  if (cuda) set_cuda_device(precision.device.index());
+  auto comm = make_communicator(cfg.distributed, cuda);
   const int64_t rank = comm->rank(), world = comm->world();
   const bool lead = rank == 0;
   EventSink events(lead ? opt.events : "");
@@ -166,7 +179,6 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
 
   // Ranks must agree on what they train: compare config hashes before any data is read.
   check_same_config(*comm, cfg.to_yaml_string());
-  const PrecisionChoice precision = resolve_precision(cfg);
   // `auto` reads each node's CPU: every rank must have resolved to the same device and precision.
   check_same_config(*comm, "device: " + precision.device_name + ", precision: " + precision.precision);
 
@@ -183,7 +195,13 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   if (cfg.batch.global % world != 0)
     throw ConfigError("batch.global (" + std::to_string(cfg.batch.global) + ") must be divisible by the number of ranks (" +
                       std::to_string(world) + ")");
-  check_model_fits_in_memory(cfg.model, precision.mixed() ? 18 : 16);
+  if (cuda)
+    check_model_fits_in_memory(cfg.model, precision.mixed() ? 18 : 16,
+                               double(cuda_device_info(precision.device.index()).memory_bytes),
+                               "cuda:" + std::to_string(precision.device.index()));
+  else
+    check_model_fits_in_memory(cfg.model, precision.mixed() ? 18 : 16,
+                               double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)), "this machine");
   const int64_t local_batch = cfg.batch.global / world;
   const int64_t accumulation = (local_batch + cfg.batch.micro - 1) / cfg.batch.micro;
   const int64_t total_steps =
@@ -192,6 +210,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
 
   torch::manual_seed(static_cast<uint64_t>(cfg.seed));  // same initial weights on every rank
   BertForPretraining model(cfg.model);  // the fp32 masters: optimizer, checkpoints and exports use these
+  model->to(precision.device);           // initialised on the CPU: the same weights on every device
   optim::NamedParams named;
   for (const auto& kv : model->named_parameters()) named.emplace_back(kv.key(), kv.value());
   auto optimizer = optim::make_optimizer(cfg.optimizer, named);
@@ -203,7 +222,8 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   torch::manual_seed(static_cast<uint64_t>(cfg.seed) * 1000003ULL + static_cast<uint64_t>(rank) + 1);
   optim::LrSchedule schedule(cfg.schedule, cfg.optimizer.lr, total_steps);
   const torch::ScalarType reduce_dtype = cfg.distributed.grad_dtype == "compute" ? precision.compute : torch::kFloat;
-  GradientBucketer bucketer(net->parameters(), *comm, cfg.clip, reduce_dtype);
+  // fp32 reduction: the buckets are ranges of the optimizer's flat gradient buffers (no copies).
+  GradientBucketer bucketer(net->parameters(), *comm, cfg.clip, reduce_dtype, optimizer->grad_buffers());
 
   std::vector<int32_t> lengths(data.train.lengths.data_ptr<int32_t>(),
                                data.train.lengths.data_ptr<int32_t>() + data.train.size());
@@ -223,7 +243,7 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
   } catch (const std::invalid_argument& e) {
     throw ConfigError(std::string("sampler: ") + e.what());
   }
-  Evaluator evaluator(data.eval, cfg.data.eval_samples, rank, world);
+  Evaluator evaluator(data.eval, cfg.data.eval_samples, rank, world, precision.device);
 
   TrainResult res;
   TrainState st;
@@ -327,13 +347,16 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
     const auto t_step = Clock::now();
     auto micro = sampler->next_step();
     const double lr = schedule.lr_at(st.step);
-    double loss_sum = 0, nonfinite = 0;
     int64_t real = 0, computed = 0;
     int64_t local_samples = 0;
     for (const auto& mb : micro) local_samples += mb.samples();
     const auto t_compute = Clock::now();
+    // Nothing below reads a device value until the step's statistics: on a GPU the host runs ahead,
+    // collating and copying micro-batch i+1 while i computes.
+    torch::Tensor step_loss;  // sum of w * loss over micro-batches, on the device
+    BertBatch next = to_device(collate(data.train, micro[0]), precision.device);
     for (std::size_t i = 0; i < micro.size(); ++i) {
-      BertBatch b = collate(data.train, micro[i]);
+      BertBatch b = std::move(next);
       real += b.real_tokens;
       computed += b.computed_tokens;
       bucketer.begin_micro(i + 1 == micro.size());
@@ -342,11 +365,15 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
       // Weight by this micro-batch's share of the rank's samples: accumulation sums to the batch mean.
       const double w = static_cast<double>(b.samples) / static_cast<double>(std::max<int64_t>(1, local_samples));
       (loss.total * w).backward();
-      const double lv = loss.total.item<double>();
-      if (!std::isfinite(lv)) nonfinite = 1;
-      loss_sum += lv * w;
+      auto weighted = loss.total.detach().to(torch::kDouble) * w;
+      step_loss = step_loss.defined() ? step_loss + weighted : weighted;
+      if (i + 1 < micro.size()) next = to_device(collate(data.train, micro[i + 1]), precision.device);
     }
-    BucketStats bstats = bucketer.finish();
+    bucketer.finish();
+    // The step's one synchronisation with the device: the gradient norm, communication times and the loss.
+    BucketStats bstats = bucketer.step_stats();
+    const double loss_sum = step_loss.defined() ? step_loss.item<double>() : 0.0;
+    const double nonfinite = std::isfinite(loss_sum) ? 0.0 : 1.0;  // NaN/inf in any micro-batch propagates
     const double compute_s = since(t_compute);
     // One small exchange per step: stop requests, NaN, load and time statistics agree on all ranks.
     auto all = comm->allgather({loss_sum, nonfinite, g_stop.load() ? 1.0 : 0.0, static_cast<double>(real),

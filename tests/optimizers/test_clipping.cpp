@@ -64,4 +64,46 @@ TEST(Clipping, BucketClipKeepsWholeGradientWithinMaxNorm) {
   EXPECT_THROW(bs::optim::clip_bucket_(buckets[0], 1.0, 0), std::invalid_argument);
 }
 
+// The tensor-valued clips (norm and factor stay on the device: no host read in an autograd hook) give exactly
+// what the host-side clips they replace give: the same norm, bitwise the same gradients in float32, within one
+// rounding in bf16; a non-finite norm leaves the gradients untouched in both.
+TEST(Clipping, TensorValuedClipsEqualTheHostSideClips) {
+  for (double scale : {0.001, 1.0, 50.0}) {
+    SCOPED_TRACE("scale " + std::to_string(scale));
+    for (int64_t n_buckets : {1, 4}) {
+      auto host = random_grads(7, scale);
+      std::vector<torch::Tensor> dev;
+      for (auto& t : host) dev.push_back(t.clone());
+      for (size_t i = 0; i < host.size(); ++i) {
+        const double host_norm = bs::optim::clip_bucket_(host[i], 1.0, n_buckets);
+        const torch::Tensor dev_norm = bs::optim::clip_bucket_tensor_(dev[i], 1.0, n_buckets);
+        EXPECT_EQ(dev_norm.dim(), 0);
+        EXPECT_EQ(dev_norm.scalar_type(), torch::kDouble);
+        EXPECT_DOUBLE_EQ(dev_norm.item<double>(), host_norm);
+        EXPECT_TRUE(torch::equal(dev[i], host[i])) << "bucket " << i << " of " << n_buckets;
+      }
+    }
+    auto host = random_grads(8, scale);
+    std::vector<torch::Tensor> dev;
+    for (auto& t : host) dev.push_back(t.clone());
+    const double host_norm = bs::optim::clip_global_norm_(host, 2.0);
+    EXPECT_DOUBLE_EQ(bs::optim::clip_global_norm_tensor_(dev, 2.0).item<double>(), host_norm);
+    for (size_t i = 0; i < host.size(); ++i) EXPECT_TRUE(torch::equal(dev[i], host[i])) << "tensor " << i;
+    EXPECT_DOUBLE_EQ(bs::optim::global_norm_tensor(dev).item<double>(), bs::optim::global_norm(dev));
+  }
+  // bf16 buckets: the factor is rounded to bf16 before the multiply, the host's is not: one rounding apart.
+  auto b_host = (torch::randn({300}) * 5).to(torch::kBFloat16);
+  auto b_dev = b_host.clone();
+  bs::optim::clip_bucket_(b_host, 1.0, 2);
+  bs::optim::clip_bucket_tensor_(b_dev, 1.0, 2);
+  EXPECT_TRUE(torch::allclose(b_dev.to(torch::kFloat), b_host.to(torch::kFloat), 1e-2, 0));
+  // Non-finite: untouched, the norm says so.
+  auto bad = torch::randn({10});
+  bad[3] = std::nan("");
+  auto bad_before = bad.clone();
+  EXPECT_TRUE(std::isnan(bs::optim::clip_bucket_tensor_(bad, 1.0, 1).item<double>()));
+  EXPECT_TRUE(torch::equal(bad.nan_to_num(0), bad_before.nan_to_num(0)));
+  EXPECT_EQ(bs::optim::global_norm_tensor({}).item<double>(), 0.0);
+}
+
 }  // namespace
