@@ -35,7 +35,14 @@ Study config keys: name, objective (samples_to_target | seconds_to_target | fina
 list for multi-objective), direction, sampler (tpe|cmaes|random|grid|qmc), pruner (median|
 successive_halving|hyperband|none), n_trials, parallel, seed, retry_failed, trial_timeout, base or
 base_config, space, derived, stratify (choice parameters whose every combination gets an equal share of
-the trials), launcher {kind: local|mpirun|srun, ranks, hostfile}. See configs/studies/.
+the trials), launcher {kind: local|mpirun|srun, ranks, hostfile, extra_args, gpus_per_trial, gpus}.
+See configs/studies/.
+GPU trials: launcher.gpus_per_trial N (default 0: CPU trials) gives each running trial its own N GPUs
+(CUDA_VISIBLE_DEVICES, exported with mpirun -x; srun also gets --gpus-per-task or --gres) and
+`--set device=cuda`; launcher.gpus [0, 1, ...] lists the GPU ids to use (default: those in the
+controller's CUDA_VISIBLE_DEVICES, else every GPU of the machine; under srun, ids of the allocation).
+parallel x gpus_per_trial above the GPUs is a config error (exit 2) before any trial starts. `status`
+shows each trial's GPUs.
 A trial that misses the target scores 2 * target.max_samples (samples_to_target) or
 1e7 + seconds run (seconds_to_target), so it never ranks above one that reached it.
 )";

@@ -5,6 +5,7 @@
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
+#include <SQLiteCpp/SQLiteCpp.h>
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
@@ -102,6 +103,7 @@ struct RunningTrial {
   double last_acc = 0;
   int64_t last_samples = 0;
   std::string label;
+  std::vector<std::string> gpus;  // its GPU slot (empty: a CPU trial)
 };
 
 // Ctrl-C / SIGTERM: the first one drains (no new trials; running ones finish and are recorded), a second
@@ -134,8 +136,9 @@ struct StopSignals {
 
 class StudyRun {
  public:
-  StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir)
-      : c_(c), o_(o), dir_(dir), store_(dir + "/study.db") {}
+  StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir, std::vector<std::string> gpus)
+      : c_(c), o_(o), dir_(dir), store_(dir + "/study.db"), gpus_(gpus),
+        slots_(std::move(gpus), c.launcher.gpus_per_trial) {}
 
   int run() {
     // Refusals come before anything is written: a continued study's row is only rewritten when its config
@@ -148,9 +151,13 @@ class StudyRun {
     base_ = c_.base();
     int cores = o_.cores > 0 ? o_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
     threads_ = std::max(1, cores / c_.parallel);
+    // GPU trials keep the same CPU-thread share: the trainer's host side (data, launches) still uses them.
     say("study " + c_.name + ": " + std::to_string(c_.n_trials) + " trials, " + std::to_string(c_.parallel) +
-        " in parallel, " + std::to_string(threads_) + " threads each, objective " + c_.objectives[0] + " (" +
-        c_.directions[0] + ")");
+        " in parallel, " + std::to_string(threads_) + " threads each" +
+        (c_.launcher.gpus_per_trial > 0 ? " and " + std::to_string(c_.launcher.gpus_per_trial) + " of GPUs " +
+                                              join_gpu_ids(gpus_)
+                                        : std::string()) +
+        ", objective " + c_.objectives[0] + " (" + c_.directions[0] + ")");
     StopSignals stop_signals;
     bool draining = false;
     for (;;) {
@@ -224,6 +231,10 @@ class StudyRun {
         {"launcher", c_.launcher.kind},
         {"parallel", std::to_string(c_.parallel)},
     };
+    if (c_.launcher.gpus_per_trial > 0) {
+      env["gpus_per_trial"] = std::to_string(c_.launcher.gpus_per_trial);
+      env["gpus"] = join_gpu_ids(gpus_);
+    }
     store_.record_environment(env);
   }
 
@@ -339,10 +350,12 @@ class StudyRun {
     }
     std::string config_path = rec.trial_dir + "/config.yaml";
     std::ofstream(config_path) << rec.config_yaml;
-    LaunchSpec spec = trainer_launch(c_.launcher, o_.trainer_exe, config_path, threads_, rec.trial_dir);
+    r->gpus = slots_.acquire();  // never runs out: parallel x gpus_per_trial <= GPUs was checked at start
+    LaunchSpec spec = trainer_launch(c_.launcher, o_.trainer_exe, config_path, threads_, rec.trial_dir, r->gpus);
     try {
       r->proc = std::make_unique<TrialProcess>(spec);
     } catch (const std::exception& e) {
+      slots_.release(r->gpus);
       rec.state = trial_state::kFail;
       rec.reason = std::string("launch: ") + e.what();
       rec.end_time = now_s();
@@ -352,13 +365,17 @@ class StudyRun {
     }
     rec.pid = r->proc->pid();
     store_.insert_trial(rec);
+    // The assignment goes with the trial as an Optuna user attribute ("0,1"): `study status` shows it,
+    // and so do Optuna's own tools (user_attrs_bs_gpus in trials_dataframe()).
+    if (!r->gpus.empty()) bridge_->set_user_attr(rec.number, "bs_gpus", join_gpu_ids(r->gpus));
     r->eval_every = std::max<int64_t>(1, static_cast<int64_t>(number_at(rec.config_yaml, "target.eval_every_samples")));
     r->last_event = now_s();
     r->label = "trial " + std::to_string(rec.number) + " (" + value_at(rec.config_yaml, "optimizer.name") +
                " b=" + value_at(rec.config_yaml, "batch.global") + " lr=" +
                fmt(number_at(rec.config_yaml, "optimizer.lr"), 3) + ")";
-    say(r->label + ": started, pid " + std::to_string(rec.pid) + (rec.attempt > 1 ? ", retry of trial " +
-                                                                    std::to_string(rec.retry_of) : ""));
+    say(r->label + ": started, pid " + std::to_string(rec.pid) +
+        (r->gpus.empty() ? "" : ", GPUs " + join_gpu_ids(r->gpus)) +
+        (rec.attempt > 1 ? ", retry of trial " + std::to_string(rec.retry_of) : ""));
     running_.push_back(std::move(r));
   }
 
@@ -474,6 +491,8 @@ class StudyRun {
   }
 
   void finish(RunningTrial& r, int code) {
+    slots_.release(r.gpus);
+    r.gpus.clear();
     TrialRecord& rec = r.rec;
     rec.end_time = now_s();
     rec.exit_code = code;
@@ -542,6 +561,8 @@ class StudyRun {
   std::unique_ptr<OptunaBridge> bridge_;
   YAML::Node base_;
   int threads_ = 1;
+  std::vector<std::string> gpus_;  // every GPU trials may get (empty: CPU trials)
+  GpuSlots slots_;
   std::list<std::unique_ptr<RunningTrial>> running_;
 };
 
@@ -561,6 +582,10 @@ std::string Controller::db_path() const { return study_dir() + "/study.db"; }
 
 int Controller::run() {
   if (options_.trainer_exe.empty()) throw std::invalid_argument("Controller: trainer_exe is not set");
+  // GPUs are a fact of this machine (like its cores), so they are checked here, for a new study and a
+  // resumed one alike, before anything is written or any trial starts.
+  std::vector<std::string> gpus = launcher_gpus(config_.launcher);
+  check_gpu_fit(config_.launcher, config_.parallel, gpus, config_.source);
   std::string dir = study_dir();
   fs::create_directories(dir + "/trials");
   // One controller per study: a second one would launch the same trials twice. The lock dies with us.
@@ -575,7 +600,7 @@ int Controller::run() {
     int fd;
     ~Unlock() { close(fd); }
   } unlock{fd};
-  StudyRun run(config_, options_, dir);
+  StudyRun run(config_, options_, dir, std::move(gpus));
   return run.run();
 }
 
@@ -590,9 +615,33 @@ StudyConfig load_stored_study(const std::string& dir, const std::string& name) {
   return StudyConfig::from_yaml(YAML::Load(*text), db + " (stored study config)");
 }
 
+namespace {
+// Each trial's GPU assignment (the bs_gpus user attribute the controller sets), read from Optuna's tables
+// without starting Python; empty for a CPU-only study or a file whose Optuna tables are not there yet.
+std::map<int64_t, std::string> stored_trial_gpus(const std::string& db_path, const std::string& study_name) {
+  std::map<int64_t, std::string> out;
+  try {
+    auto db = StudyStore::open_read_only(db_path);
+    SQLite::Statement q(*db,
+                        "SELECT t.number, a.value_json FROM trial_user_attributes a "
+                        "JOIN trials t ON t.trial_id = a.trial_id JOIN studies s ON s.study_id = t.study_id "
+                        "WHERE a.key = 'bs_gpus' AND s.study_name = ?");
+    q.bind(1, study_name);
+    while (q.executeStep()) {
+      std::string v = q.getColumn(1).getString();  // JSON text: "\"0,1\""
+      if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
+      out[q.getColumn(0).getInt64()] = v;
+    }
+  } catch (const SQLite::Exception&) {
+  }
+  return out;
+}
+}  // namespace
+
 std::string study_status_text(const std::string& dir, const std::string& name) {
   StudyConfig c = load_stored_study(dir, name);
   StudyStore store(search::study_dir(dir, name) + "/study.db", StudyStore::Mode::kReadOnly);
+  const auto gpus = stored_trial_gpus(store.path(), name);
   auto trials = store.trials();
   bool maximize = c.directions[0] == "maximize";
   auto rank = [](const std::string& s) {
@@ -613,6 +662,7 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
   os << std::left << std::setw(6) << "#" << std::setw(10) << "state" << std::setw(14) << "value" << std::setw(8)
      << "reached";
   for (const auto& k : keys) os << " " << std::setw(std::max<int>(10, k.size())) << k;
+  if (!gpus.empty()) os << " " << std::setw(8) << "gpus";
   os << "  reason\n";
   std::map<std::string, int> counts;
   for (const auto& t : trials) {
@@ -624,6 +674,10 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
       std::string v = value_at(t.config_yaml, k);
       if (k == "optimizer.lr" && !v.empty()) v = fmt(number_at(t.config_yaml, k), 4);
       os << " " << std::setw(std::max<int>(10, k.size())) << (v.empty() ? "-" : v);
+    }
+    if (!gpus.empty()) {
+      auto g = gpus.find(t.number);
+      os << " " << std::setw(8) << (g == gpus.end() ? std::string("-") : g->second);
     }
     os << "  " << (t.reason.size() > 60 ? t.reason.substr(0, 60) + "..." : t.reason) << "\n";
   }

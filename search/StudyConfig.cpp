@@ -2,6 +2,7 @@
 
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -49,6 +50,12 @@ std::string one_of(const YAML::Node& n, const std::string& key, const std::strin
     throw ConfigError(where(n, source) + ": '" + key + "' is '" + v + "'; must be one of: " + list);
   }
   return v;
+}
+
+std::string join_ids(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const auto& id : ids) out += (out.empty() ? "" : ",") + id;
+  return out;
 }
 
 std::string default_direction(const std::string& objective) {
@@ -259,7 +266,9 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
                         "for every trial)");
 
   if (YAML::Node l = node["launcher"]) {
-    if (!l.IsMap()) throw ConfigError(where(l, source) + ": 'launcher' must be a mapping {kind, ranks, hostfile}");
+    if (!l.IsMap())
+      throw ConfigError(where(l, source) +
+                        ": 'launcher' must be a mapping {kind, ranks, hostfile, extra_args, gpus_per_trial, gpus}");
     for (const auto& kv : l) {
       const std::string k = kv.first.Scalar();
       if (k == "kind") c.launcher.kind = one_of(kv.second, "launcher.kind", source, {"local", "mpirun", "srun"});
@@ -271,10 +280,42 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
       } else if (k == "extra_args") {
         c.launcher.extra_args = string_or_list(kv.second, "launcher.extra_args", source);
         for (const auto& a : c.launcher.extra_args) check_launcher_arg(a, kv.second, "launcher.extra_args", source);
-      }
-      else
+      } else if (k == "gpus_per_trial") {
+        c.launcher.gpus_per_trial = static_cast<int>(integer(kv.second, "launcher.gpus_per_trial", source, 0));
+      } else if (k == "gpus") {
+        const YAML::Node& g = kv.second;
+        if (!g.IsSequence() || g.size() == 0)
+          throw ConfigError(where(g, source) + ": 'launcher.gpus' must be a non-empty list of GPU ids, e.g. "
+                            "[0, 1, 2, 3] (leave it out to use every GPU the controller sees)");
+        for (const auto& e : g) {
+          std::string id = std::to_string(integer(e, "launcher.gpus", source, 0));
+          if (std::find(c.launcher.gpus.begin(), c.launcher.gpus.end(), id) != c.launcher.gpus.end())
+            throw ConfigError(where(e, source) + ": 'launcher.gpus' lists GPU " + id +
+                              " twice; list each GPU once (two trials must never share a GPU)");
+          c.launcher.gpus.push_back(id);
+        }
+      } else
         throw ConfigError(where(kv.first, source) + ": unknown key 'launcher." + k +
-                          "' (known: kind, ranks, hostfile, extra_args)");
+                          "' (known: kind, ranks, hostfile, extra_args, gpus_per_trial, gpus)");
+    }
+    const int per_trial = c.launcher.gpus_per_trial;
+    if (per_trial > 0) {
+      // The GPUs listed here are checked now; those found on the machine (no `gpus:`) when the controller starts.
+      if (!c.launcher.gpus.empty() && static_cast<int64_t>(c.parallel) * per_trial >
+                                          static_cast<int64_t>(c.launcher.gpus.size()))
+        throw ConfigError(where(l["gpus_per_trial"], source) + ": parallel (" + std::to_string(c.parallel) +
+                          ") x launcher.gpus_per_trial (" + std::to_string(per_trial) + ") needs " +
+                          std::to_string(static_cast<int64_t>(c.parallel) * per_trial) + " GPUs but launcher.gpus lists " +
+                          std::to_string(c.launcher.gpus.size()) + " (" + join_ids(c.launcher.gpus) +
+                          "); lower parallel or gpus_per_trial, or list more GPUs");
+      if (yaml::scalar_at(YAML::Load(c.base_yaml), "device") == "cpu")
+        throw ConfigError(where(l["gpus_per_trial"], source) + ": launcher.gpus_per_trial is " +
+                          std::to_string(per_trial) + " but the base training config says device: cpu; set "
+                          "base.device: cuda (or auto), or launcher.gpus_per_trial: 0 for CPU trials");
+      for (const auto& p : c.space.params())
+        if (p.key == "device")
+          throw ConfigError(p.where + ": 'device' cannot be searched when launcher.gpus_per_trial > 0 (GPU trials "
+                            "run with device=cuda); remove it from the space or set launcher.gpus_per_trial: 0");
     }
   }
   return c;
@@ -329,6 +370,12 @@ void StudyConfig::emit(YAML::Emitter& out, bool full) const {
     if (!launcher.extra_args.empty()) {
       out << YAML::Key << "extra_args" << YAML::Value << YAML::Flow << YAML::BeginSeq;
       for (const auto& a : launcher.extra_args) out << a;
+      out << YAML::EndSeq;
+    }
+    if (launcher.gpus_per_trial > 0) out << YAML::Key << "gpus_per_trial" << YAML::Value << launcher.gpus_per_trial;
+    if (!launcher.gpus.empty()) {  // ints in the YAML, as written
+      out << YAML::Key << "gpus" << YAML::Value << YAML::Flow << YAML::BeginSeq;
+      for (const auto& g : launcher.gpus) out << std::stoi(g);
       out << YAML::EndSeq;
     }
     out << YAML::EndMap;

@@ -20,6 +20,10 @@ struct LauncherConfig {
   int ranks = 1;               // mpirun -np / srun --ntasks
   std::string hostfile;        // mpirun --hostfile (relative to the study config)
   std::vector<std::string> extra_args;  // appended to the mpirun/srun arguments, one argument each
+  int gpus_per_trial = 0;      // GPUs given to each trial (CUDA_VISIBLE_DEVICES, device=cuda); 0: CPU trials
+  // The GPU ids trials are placed on (canonical decimal text); empty: every GPU the controller sees
+  // (visible_gpus() in TrialLauncher.h). Under srun these are ids within the Slurm allocation.
+  std::vector<std::string> gpus;
 };
 
 struct StudyConfig {

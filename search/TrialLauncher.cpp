@@ -6,38 +6,164 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <stdexcept>
 
 #include "common/ExitCodes.h"
+#include "common/TrainConfig.h"
 
 extern char** environ;
 
 namespace bs::search {
 
+namespace fs = std::filesystem;
+
 LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe, const std::string& config_path,
-                          int threads, const std::string& trial_dir) {
+                          int threads, const std::string& trial_dir, const std::vector<std::string>& gpus) {
   LaunchSpec s;
   s.stdout_path = trial_dir + "/stdout.log";
   s.stderr_path = trial_dir + "/stderr.log";
   s.events_on_stdout = launcher.kind != "local";
   std::string t = std::to_string(threads);
   s.env = {{"OMP_NUM_THREADS", t}, {"OPENBLAS_NUM_THREADS", t}, {"MKL_NUM_THREADS", t}};
+  // A GPU trial sees only its own GPUs (each rank then takes local_rank % count of them). A CPU trial's
+  // environment is left as the controller's.
+  if (!gpus.empty()) s.env["CUDA_VISIBLE_DEVICES"] = join_gpu_ids(gpus);
   std::vector<std::string> train = {exe,     "train",   "--config",
                                     config_path, "--events", s.events_on_stdout ? "stdout" : "fd:3",
                                     "--quiet", "--set",   "threads=" + t};
+  if (!gpus.empty()) train.insert(train.end(), {"--set", "device=cuda"});
   if (launcher.kind == "mpirun") {
     s.argv = {"mpirun", "-np", std::to_string(launcher.ranks)};
     if (!launcher.hostfile.empty()) s.argv.insert(s.argv.end(), {"--hostfile", launcher.hostfile});
     if (geteuid() == 0) s.argv.push_back("--allow-run-as-root");
-    for (const auto& kv : s.env) s.argv.insert(s.argv.end(), {"-x", kv.first});  // export to every rank
+    // Export to every rank (on every host): the thread counts and CUDA_VISIBLE_DEVICES.
+    for (const auto& kv : s.env) s.argv.insert(s.argv.end(), {"-x", kv.first});
   } else if (launcher.kind == "srun") {
     s.argv = {"srun", "--ntasks=" + std::to_string(launcher.ranks), "--cpus-per-task=" + t, "--kill-on-bad-exit=1"};
+    // srun forwards the whole environment (--export=ALL is its default), CUDA_VISIBLE_DEVICES included, and
+    // must also be asked for the GPUs: per task when they split evenly between the ranks, else per node.
+    // Under Slurm the ids are those of the job's allocation (and Slurm may renumber them inside a task's
+    // cgroup), so launcher.gpus lists ids within the allocation, not the host's.
+    if (!gpus.empty()) {
+      const int n = static_cast<int>(gpus.size()), ranks = std::max(1, launcher.ranks);
+      s.argv.push_back(n % ranks == 0 ? "--gpus-per-task=" + std::to_string(n / ranks)
+                                      : "--gres=gpu:" + std::to_string(n));
+    }
   }
   if (launcher.kind != "local") s.argv.insert(s.argv.end(), launcher.extra_args.begin(), launcher.extra_args.end());
   s.argv.insert(s.argv.end(), train.begin(), train.end());
   return s;
+}
+
+std::string join_gpu_ids(const std::vector<std::string>& ids) {
+  std::string out;
+  for (const auto& id : ids) out += (out.empty() ? "" : ",") + id;
+  return out;
+}
+
+std::vector<std::string> visible_gpus(const char* cuda_visible_devices, int device_count) {
+  std::vector<std::string> out;
+  if (!cuda_visible_devices) {
+    for (int i = 0; i < device_count; ++i) out.push_back(std::to_string(i));
+    return out;
+  }
+  std::string list = cuda_visible_devices;
+  std::size_t start = 0;
+  for (;;) {
+    std::size_t comma = list.find(',', start);
+    std::string id = list.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    id.erase(0, id.find_first_not_of(" \t"));
+    id.erase(id.find_last_not_of(" \t") + 1);
+    // CUDA ignores the rest of the list from an invalid entry on: empty, negative ("-1": none), repeated.
+    if (id.empty() || id[0] == '-' || std::find(out.begin(), out.end(), id) != out.end()) break;
+    out.push_back(id);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+int count_nvidia_gpus() {
+  std::error_code ec;
+  int n = 0;
+  for (fs::directory_iterator it("/proc/driver/nvidia/gpus", ec), end; !ec && it != end; it.increment(ec)) ++n;
+  if (n > 0) return n;
+  // Containers may hide /proc/driver/nvidia while nvidia-smi works. A fixed command line, no input in it.
+  FILE* p = popen("nvidia-smi -L 2>/dev/null", "r");
+  if (!p) return 0;
+  char line[512];
+  while (std::fgets(line, sizeof line, p))
+    if (std::strncmp(line, "GPU ", 4) == 0) ++n;
+  return pclose(p) == 0 ? n : 0;
+}
+
+std::vector<std::string> launcher_gpus(const LauncherConfig& launcher) {
+  if (!launcher.gpus.empty()) return launcher.gpus;
+  if (launcher.gpus_per_trial <= 0) return {};
+  const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+  return visible_gpus(env, env ? 0 : count_nvidia_gpus());
+}
+
+void check_gpu_fit(const LauncherConfig& launcher, int parallel, const std::vector<std::string>& gpus,
+                   const std::string& source) {
+  const int per_trial = launcher.gpus_per_trial;
+  if (per_trial <= 0) return;
+  const int64_t need = static_cast<int64_t>(parallel) * per_trial;
+  if (need <= static_cast<int64_t>(gpus.size())) return;
+  std::string found;
+  if (!launcher.gpus.empty()) {
+    found = "launcher.gpus lists " + std::to_string(gpus.size()) + " (" + join_gpu_ids(gpus) + ")";
+  } else {
+    const char* env = std::getenv("CUDA_VISIBLE_DEVICES");
+    found = gpus.empty() ? std::string("no GPU is visible")
+                         : std::to_string(gpus.size()) + " GPU(s) are visible (" + join_gpu_ids(gpus) + ")";
+    found += env ? " in CUDA_VISIBLE_DEVICES='" + std::string(env) + "'"
+                 : std::string(" (no CUDA_VISIBLE_DEVICES; GPUs counted from /proc/driver/nvidia/gpus and "
+                               "nvidia-smi -L)");
+  }
+  throw ConfigError(source + ": parallel (" + std::to_string(parallel) + ") x launcher.gpus_per_trial (" +
+                    std::to_string(per_trial) + ") needs " + std::to_string(need) + " GPUs but " + found +
+                    "; lower parallel or launcher.gpus_per_trial, list the GPUs in launcher.gpus, or set "
+                    "launcher.gpus_per_trial: 0 for CPU trials");
+}
+
+GpuSlots::GpuSlots(std::vector<std::string> gpus, int per_trial)
+    : gpus_(std::move(gpus)), per_trial_(std::max(0, per_trial)) {
+  taken_.assign(per_trial_ > 0 ? gpus_.size() / per_trial_ : 0, false);
+}
+
+int GpuSlots::capacity() const { return static_cast<int>(taken_.size()); }
+
+int GpuSlots::in_use() const { return static_cast<int>(std::count(taken_.begin(), taken_.end(), true)); }
+
+std::vector<std::string> GpuSlots::acquire() {
+  if (per_trial_ == 0) return {};
+  for (std::size_t b = 0; b < taken_.size(); ++b) {
+    if (taken_[b]) continue;
+    taken_[b] = true;
+    return {gpus_.begin() + b * per_trial_, gpus_.begin() + (b + 1) * per_trial_};
+  }
+  throw std::runtime_error("GpuSlots: all " + std::to_string(taken_.size()) + " slot(s) of " +
+                           std::to_string(per_trial_) + " GPU(s) are taken (GPUs " + join_gpu_ids(gpus_) + ")");
+}
+
+void GpuSlots::release(const std::vector<std::string>& ids) {
+  if (per_trial_ == 0 && ids.empty()) return;
+  for (std::size_t b = 0; b < taken_.size(); ++b) {
+    if (!std::equal(ids.begin(), ids.end(), gpus_.begin() + b * per_trial_, gpus_.begin() + (b + 1) * per_trial_) ||
+        ids.size() != static_cast<std::size_t>(per_trial_))
+      continue;
+    if (!taken_[b]) break;
+    taken_[b] = false;
+    return;
+  }
+  throw std::invalid_argument("GpuSlots: GPUs '" + join_gpu_ids(ids) + "' are not a slot in use");
 }
 
 std::string describe_exit(int code) {

@@ -25,8 +25,49 @@ struct LaunchSpec {
 // The trainer command of one trial: `<exe> train --config CFG --events fd:3|stdout --quiet
 // --set threads=N`, under mpirun/srun when so configured (their ranks do not inherit fd 3, so events
 // come on stdout there). Threads also go into OMP_NUM_THREADS / OPENBLAS_NUM_THREADS.
+// `gpus`: the GPU ids given to this trial (GpuSlots::acquire); when any, the trial gets
+// CUDA_VISIBLE_DEVICES=<ids> (exported by mpirun -x; srun forwards the environment and is asked for the
+// GPUs with --gpus-per-task or --gres) and `--set device=cuda`. Without any, the environment is left alone.
 LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe, const std::string& config_path,
-                          int threads, const std::string& trial_dir);
+                          int threads, const std::string& trial_dir, const std::vector<std::string>& gpus = {});
+
+// The GPUs the controller can hand out when launcher.gpus is not given. `cuda_visible_devices`: the
+// controller's CUDA_VISIBLE_DEVICES (nullptr: unset), whose entries are kept as written (indices or
+// GPU-/MIG- UUIDs; like CUDA, reading stops at the first empty, negative or repeated entry, so "" or "-1"
+// means none); when unset, the ids 0..device_count-1.
+std::vector<std::string> visible_gpus(const char* cuda_visible_devices, int device_count);
+// GPUs of this machine: entries of /proc/driver/nvidia/gpus/, else the `GPU n:` lines of `nvidia-smi -L`;
+// 0 without the driver or nvidia-smi.
+int count_nvidia_gpus();
+// The GPUs of `launcher`: its `gpus` list, else visible_gpus(getenv("CUDA_VISIBLE_DEVICES"), count_nvidia_gpus())
+// (the machine is only asked when trials get GPUs).
+std::vector<std::string> launcher_gpus(const LauncherConfig& launcher);
+// Throws ConfigError (exit 2) before any trial starts when `parallel` trials of `launcher.gpus_per_trial`
+// GPUs each do not fit on `gpus`, naming the keys and the GPUs found. `source`: the study file.
+void check_gpu_fit(const LauncherConfig& launcher, int parallel, const std::vector<std::string>& gpus,
+                   const std::string& source);
+
+// Disjoint GPU sets for the running trials: the GPUs are cut into blocks of `per_trial` consecutive ids
+// (so a 2-GPU trial gets a pair like 0,1 or 2,3; ids left over are not used) and acquire() hands out
+// the lowest free block. With per_trial 0 every acquire() returns no GPU (CPU trials).
+class GpuSlots {
+ public:
+  GpuSlots(std::vector<std::string> gpus, int per_trial);
+  int capacity() const;            // trials that can hold GPUs at once
+  int in_use() const;              // blocks handed out
+  // Throws std::runtime_error when every block is taken.
+  std::vector<std::string> acquire();
+  // Gives back what acquire() returned; throws std::invalid_argument for ids that are not a held block.
+  void release(const std::vector<std::string>& ids);
+
+ private:
+  std::vector<std::string> gpus_;
+  int per_trial_;
+  std::vector<bool> taken_;        // per block
+};
+
+// "0,1": the form of CUDA_VISIBLE_DEVICES and of the trial's stored assignment.
+std::string join_gpu_ids(const std::vector<std::string>& ids);
 
 // How a finished process ended, for humans: "exit 3 (data error)", "killed by signal 9 (SIGKILL)".
 std::string describe_exit(int exit_code);

@@ -9,8 +9,10 @@
 #include <yaml-cpp/yaml.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <sstream>
 #include <thread>
 
@@ -295,4 +297,170 @@ TEST(Controller, FirstSignalDrainsRunningTrialsAndResumeFinishesTheBudget) {
   int complete = 0;
   for (const auto& t : StudyStore(db).trials()) complete += t.state == "COMPLETE";
   EXPECT_EQ(complete, 6);
+}
+
+// --- GPU trials ---
+
+namespace {
+std::string config_error(const std::string& yaml, const std::vector<std::string>& sets = {}) {
+  try {
+    StudyConfig::from_yaml(YAML::Load(yaml), "g.yaml", sets);
+  } catch (const ConfigError& e) {
+    return e.what();
+  }
+  return "no error";
+}
+const std::string kGpuStudy =
+    "name: g\nsampler: random\npruner: none\nbase: {target: {max_samples: 4000, eval_every_samples: 250}}\n"
+    "space:\n  model.layers: {choice: [1, 6]}\n";
+}  // namespace
+
+TEST(Controller, GpuLauncherKeysAreCheckedWithFileLineKeyAndFix) {
+  // line 7 is the launcher line
+  std::string e = config_error(kGpuStudy + "launcher: {gpus: [0, 1], gpus_per_trial: 1}\nparallel: 3\n");
+  EXPECT_NE(e.find("g.yaml:7: parallel (3) x launcher.gpus_per_trial (1) needs 3 GPUs but launcher.gpus lists 2 "
+                   "(0,1); lower parallel or gpus_per_trial, or list more GPUs"),
+            std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher: {gpus: [0, 1, 2, 3], gpus_per_trial: 2}\nparallel: 4\n");
+  EXPECT_NE(e.find("needs 8 GPUs but launcher.gpus lists 4 (0,1,2,3)"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher:\n  gpus_per_trial: -1\n");
+  EXPECT_NE(e.find("g.yaml:8: 'launcher.gpus_per_trial' must be an integer >= 0, got '-1'"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher:\n  gpus: [0, -2]\n");
+  EXPECT_NE(e.find("g.yaml:8: 'launcher.gpus' must be an integer >= 0, got '-2'"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher:\n  gpus: [0, 1, 0]\n");
+  EXPECT_NE(e.find("g.yaml:8: 'launcher.gpus' lists GPU 0 twice; list each GPU once"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher:\n  gpus: []\n");
+  EXPECT_NE(e.find("'launcher.gpus' must be a non-empty list of GPU ids"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher:\n  gpus: GPU-abc\n");
+  EXPECT_NE(e.find("'launcher.gpus' must be a non-empty list"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "launcher:\n  kind: local\n  gpu_per_trial: 1\n");
+  EXPECT_NE(e.find("g.yaml:9: unknown key 'launcher.gpu_per_trial' (known: kind, ranks, hostfile, extra_args, "
+                   "gpus_per_trial, gpus)"),
+            std::string::npos) << e;
+  // GPU trials run with device=cuda: a base that insists on the CPU, or a searched device, contradicts that.
+  e = config_error(kGpuStudy + "launcher: {gpus_per_trial: 1}\n", {"base.device=cpu"});
+  EXPECT_NE(e.find("base training config says device: cpu"), std::string::npos) << e;
+  e = config_error(kGpuStudy + "  device: {choice: [cpu, cuda]}\nlauncher: {gpus_per_trial: 1}\n");
+  EXPECT_NE(e.find("'device' cannot be searched"), std::string::npos) << e;
+  // What fits is accepted, also through --set; without a list, the machine is asked when the controller starts.
+  EXPECT_EQ(config_error(kGpuStudy + "launcher: {gpus: [0, 1, 2, 3], gpus_per_trial: 2}\nparallel: 2\n"), "no error");
+  EXPECT_EQ(config_error(kGpuStudy, {"launcher.gpus=[0, 1]", "launcher.gpus_per_trial=1", "parallel=2"}), "no error");
+  EXPECT_EQ(config_error(kGpuStudy + "launcher: {gpus_per_trial: 4}\nparallel: 8\n"), "no error");
+}
+
+TEST(Controller, GpuLauncherKeysRoundTripThroughTheStoredConfig) {
+  StudyConfig c = StudyConfig::from_yaml(
+      YAML::Load(kGpuStudy + "parallel: 2\nlauncher: {kind: srun, ranks: 2, gpus_per_trial: 2, gpus: [3, 1, 0, 2]}\n"),
+      "g.yaml");
+  EXPECT_EQ(c.launcher.gpus_per_trial, 2);
+  EXPECT_EQ(c.launcher.gpus, (std::vector<std::string>{"3", "1", "0", "2"}));
+  std::string text = c.to_yaml_string();
+  EXPECT_NE(text.find("gpus_per_trial: 2"), std::string::npos) << text;
+  EXPECT_NE(text.find("gpus: [3, 1, 0, 2]"), std::string::npos) << text;
+  StudyConfig back = StudyConfig::from_yaml(YAML::Load(text), "stored");
+  EXPECT_EQ(back.launcher.gpus_per_trial, 2);
+  EXPECT_EQ(back.launcher.gpus, c.launcher.gpus);
+  EXPECT_EQ(back.launcher.kind, "srun");
+  EXPECT_EQ(back.to_yaml_string(), text);
+  // Not part of the search: a CPU study may be continued on GPUs. CPU configs store no GPU keys.
+  StudyConfig cpu = StudyConfig::from_yaml(YAML::Load(kGpuStudy + "parallel: 2\n"), "g.yaml");
+  EXPECT_EQ(cpu.identity(), c.identity());
+  EXPECT_EQ(cpu.launcher.gpus_per_trial, 0);
+  EXPECT_EQ(cpu.to_yaml_string().find("gpus"), std::string::npos);
+  StudyConfig absent = StudyConfig::from_yaml(YAML::Load(kGpuStudy + "launcher: {gpus_per_trial: 1}\n"), "g.yaml");
+  EXPECT_TRUE(absent.launcher.gpus.empty());  // all visible
+  EXPECT_EQ(StudyConfig::from_yaml(YAML::Load(absent.to_yaml_string()), "stored").launcher.gpus_per_trial, 1);
+}
+
+// A real study on "GPUs" 0 and 1, one per trial, two at a time: a wrapper around the trial script records
+// what each trial got and holds a lock per GPU while it runs, so two trials on one GPU fail the trial.
+TEST(Controller, PlacesParallelTrialsOnDisjointGpusAndStoresTheAssignment) {
+  std::string dir = test::make_temp_dir("ctl");
+  std::string script = make_script(dir);
+  fs::create_directories(dir + "/locks");
+  std::string wrapper = dir + "/gpu-trial.sh";
+  std::ofstream(wrapper) << "#!/bin/sh\n"
+                            "d=$(dirname \"$3\")\n"
+                            "echo \"$CUDA_VISIBLE_DEVICES\" > \"$d/gpus.txt\"\n"
+                            "echo \"$*\" > \"$d/args.txt\"\n"
+                            "lock=" + dir + "/locks/gpu$CUDA_VISIBLE_DEVICES\n"
+                            "mkdir \"$lock\" 2>/dev/null || { echo \"GPU $CUDA_VISIBLE_DEVICES taken\" >&2; exit 5; }\n"
+                            + script + " \"$@\"; rc=$?\n"
+                            "rmdir \"$lock\"\n"
+                            "exit $rc\n";
+  fs::permissions(wrapper, fs::perms::owner_all);
+  setenv("SLOW", "1", 1);  // trials of ~1.6 s, so that two run at once
+  Controller c(StudyConfig::from_yaml(YAML::Load(kGpuStudy + "n_trials: 4\nparallel: 2\nlauncher: {gpus: [0, 1], "
+                                                             "gpus_per_trial: 1}\n"),
+                                      "g.yaml"),
+               quiet_options(dir, wrapper));
+  int code = c.run();
+  unsetenv("SLOW");
+  ASSERT_EQ(code, 0);
+  OptunaBridge b(c.db_path(), StudyConfig::from_yaml(YAML::Load(kGpuStudy), "g.yaml"));
+  std::map<int64_t, std::string> attrs;
+  for (const auto& info : b.trials())
+    if (info.user_attrs.count("bs_gpus")) attrs[info.number] = info.user_attrs.at("bs_gpus");
+  std::set<std::string> used;
+  auto trials = StudyStore(c.db_path()).trials();
+  ASSERT_EQ(trials.size(), 4u);
+  for (const auto& t : trials) {
+    EXPECT_EQ(t.state, "COMPLETE") << "trial " << t.number << ": " << t.reason;  // never two on one GPU
+    std::string got;
+    std::getline(std::ifstream(t.trial_dir + "/gpus.txt"), got);
+    EXPECT_TRUE(got == "0" || got == "1") << got;
+    EXPECT_EQ(attrs[t.number], got) << "trial " << t.number;  // the stored assignment is what it got
+    used.insert(got);
+    std::string args;
+    std::getline(std::ifstream(t.trial_dir + "/args.txt"), args);
+    EXPECT_NE(args.find("--set device=cuda"), std::string::npos) << args;
+  }
+  EXPECT_EQ(used, (std::set<std::string>{"0", "1"}));
+  EXPECT_EQ(StudyStore(c.db_path()).environment().at("gpus"), "0,1");
+  std::string status = study_status_text(dir, "g");
+  EXPECT_NE(status.find(" gpus "), std::string::npos) << status;
+  std::stringstream lines(status);
+  std::string line;
+  std::getline(lines, line);
+  std::getline(lines, line);
+  for (int i = 0; i < 4 && std::getline(lines, line); ++i) {  // COMPLETE rows: no reason, gpus come last
+    std::stringstream fields(line);
+    std::string first, last, f;
+    fields >> first;
+    for (last = first; fields >> f;) last = f;
+    EXPECT_EQ(last, attrs[std::stoll(first)]) << line;
+  }
+}
+
+// GPUs found on the machine are checked when the controller starts (a new study and a resumed one), before
+// any trial runs or anything is written.
+TEST(Controller, TooFewVisibleGpusStopTheStudyBeforeAnyTrialAtStartAndResume) {
+  std::string dir = test::make_temp_dir("ctl");
+  std::string script = make_script(dir);
+  StudyConfig cfg = StudyConfig::from_yaml(
+      YAML::Load(kGpuStudy + "n_trials: 2\nparallel: 2\nlauncher: {gpus_per_trial: 1}\n"), "g.yaml");
+  auto error_of = [&](const StudyConfig& c) {
+    try {
+      Controller(c, quiet_options(dir, script)).run();
+    } catch (const ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  setenv("CUDA_VISIBLE_DEVICES", "0", 1);
+  std::string e = error_of(cfg);
+  EXPECT_NE(e.find("g.yaml: parallel (2) x launcher.gpus_per_trial (1) needs 2 GPUs but 1 GPU(s) are visible (0) "
+                   "in CUDA_VISIBLE_DEVICES='0'"),
+            std::string::npos) << e;
+  EXPECT_FALSE(fs::exists(dir + "/g/study.db"));  // nothing started
+  setenv("CUDA_VISIBLE_DEVICES", "", 1);
+  e = error_of(cfg);
+  EXPECT_NE(e.find("no GPU is visible"), std::string::npos) << e;
+  setenv("CUDA_VISIBLE_DEVICES", "GPU-aa,GPU-bb", 1);
+  EXPECT_EQ(error_of(cfg), "no error");
+  EXPECT_EQ(StudyStore(dir + "/g/study.db").environment().at("gpus"), "GPU-aa,GPU-bb");
+  setenv("CUDA_VISIBLE_DEVICES", "1", 1);
+  e = error_of(load_stored_study(dir, "g"));
+  EXPECT_NE(e.find("needs 2 GPUs but 1 GPU(s) are visible (1)"), std::string::npos) << e;
+  unsetenv("CUDA_VISIBLE_DEVICES");
 }
