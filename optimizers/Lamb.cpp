@@ -13,12 +13,12 @@ Lamb::Lamb(const bs::OptimizerConfig& cfg, std::vector<FlatParamGroup> groups, b
     : FlatOptimizer(cfg, std::move(groups), {"exp_avg", "exp_avg_sq"}), nv_(normalize_by_global_norm) {}
 
 void Lamb::prepare_step() {
-  grad_scale_ = 1.0;
   if (!nv_) return;
   std::vector<torch::Tensor> sq;
   for (const auto& g : groups_) sq.push_back(g.grads().norm().to(torch::kDouble).square());
-  const double norm = std::sqrt(torch::stack(sq).sum().item<double>());
-  if (norm > 0 && std::isfinite(norm)) grad_scale_ = 1.0 / norm;
+  const auto norm = torch::stack(sq).sum().sqrt();
+  // 1 where the norm is 0 or not finite (as before: the step then runs unscaled).
+  grad_scale_ = torch::where(norm.gt(0).logical_and(torch::isfinite(norm)), norm.reciprocal(), torch::ones_like(norm));
 }
 
 void Lamb::update(FlatParamGroup& group, State& state, double lr, int64_t step, double weight_decay) {
@@ -32,9 +32,9 @@ void Lamb::update(FlatParamGroup& group, State& state, double lr, int64_t step, 
     auto p = group.params().narrow(0, start, len);
     auto g = group.grads().narrow(0, start, len);
     auto m = m_all.narrow(0, start, len), v = v_all.narrow(0, start, len), u = u_all.narrow(0, start, len);
-    if (grad_scale_ != 1.0) {  // NVLAMB
+    if (nv_) {  // NVLAMB
       auto gs = grad_buf.narrow(0, 0, len);
-      torch::mul_out(gs, g, torch::scalar_tensor(grad_scale_, g.options()));
+      torch::mul_out(gs, g, grad_scale_.to(g.scalar_type()));
       g = gs;
     }
     m.mul_(b1).add_(g, 1.0 - b1);

@@ -21,7 +21,7 @@ class Lamb : public FlatOptimizer {
 
  private:
   bool nv_;
-  double grad_scale_ = 1.0;  // NVLAMB: 1 / global gradient norm of this step
+  torch::Tensor grad_scale_;  // NVLAMB: 1 / global gradient norm of this step (0-dim, on the device: no host read)
 };
 
 }  // namespace bs::optim

@@ -244,6 +244,9 @@ void GradientBucketer::launch(Bucket& b, bool from_hook) {
 
 void GradientBucketer::finish() {
   torch::NoGradGuard no_grad;
+  // Backward has been queued; on a GPU the stream reaches this point later than the host. Communication still
+  // running after it (including what finish() itself launches) is exposed.
+  backward_done_ = comm_.mark();
   {
     std::lock_guard<std::mutex> lock(mutex_);
     armed_ = false;
@@ -272,32 +275,42 @@ void GradientBucketer::finish() {
       launch_ready_buckets(false);
     }
   }
-  // Backward has been queued; on a GPU the stream reaches this point later than the host.
-  backward_done_ = comm_.mark();
   for (auto& b : buckets_)
     if (b.work) b.work->wait();
   if (uses_buffers())
     for (auto& b : buckets_) scatter(b);
 
+  // With view buckets the flat buffers are the gradients: a few large kernels instead of one per parameter.
+  std::vector<torch::Tensor> all_grads;
+  if (views_)
+    for (const auto& b : buckets_) all_grads.push_back(b.buffer);
+  else
+    all_grads = grads();
   if (clip_.mode == "global_after_allreduce") {
-    step_norm_ = optim::clip_global_norm_tensor_(grads(), clip_.max_norm);
+    step_norm_ = optim::clip_global_norm_tensor_(all_grads, clip_.max_norm);
   } else if (clip_.mode == "bucket_before_allreduce") {
     std::vector<torch::Tensor> sq;
     for (const auto& b : buckets_)
       if (b.local_norm.defined()) sq.push_back(b.local_norm.square());
     step_norm_ = sq.empty() ? optim::global_norm_tensor({}) : torch::stack(sq).sum().sqrt();
   } else if (clip_.mode == "none") {
-    step_norm_ = optim::global_norm_tensor(grads());
+    step_norm_ = optim::global_norm_tensor(all_grads);
   }
   finished_ = true;
 }
 
-BucketStats GradientBucketer::step_stats() {
+BucketStats GradientBucketer::step_stats(const torch::Tensor& loss) {
   if (!finished_) throw std::logic_error("GradientBucketer::step_stats before finish()");
   BucketStats st;
   st.buckets = num_buckets();
   st.launched_in_backward = launched_in_backward_;
-  st.grad_norm = step_norm_.defined() ? step_norm_.item<double>() : 0.0;  // the one host read
+  {  // the one host read: norm and loss together
+    auto norm = step_norm_.defined() ? step_norm_ : optim::global_norm_tensor({});
+    auto l = loss.defined() ? loss.to(norm.device(), torch::kDouble).reshape({}) : torch::zeros_like(norm);
+    auto host = torch::stack({norm, l}).cpu();
+    st.grad_norm = host[0].item<double>();
+    st.loss = host[1].item<double>();
+  }
   // Communication still running after backward ended was exposed: the step waited for it.
   Clock::time_point backward_end = backward_done_ ? (backward_done_->wait(), backward_done_->finished_at()) : Clock::now();
   Clock::time_point last_done = backward_end;

@@ -41,6 +41,7 @@ struct BucketStats {
   double overlap = 0;            // 1 - exposed / comm (0 when nothing was communicated)
   double grad_norm = 0;          // pre-clip norm: of the averaged gradient (none, global_after_allreduce);
                                  // of this rank's local gradient (bucket_before_, local_before_allreduce)
+  double loss = 0;               // the `loss` given to step_stats()
   int64_t buckets = 0;
   int64_t launched_in_backward = 0;  // buckets whose allreduce started from an autograd hook
 };
@@ -64,8 +65,9 @@ class GradientBucketer {
   // After the last backward: launches what is left, waits (on a GPU: the stream waits), copies back, clips
   // (per mode). Never reads a value to the host.
   void finish();
-  // The last step's statistics: reads the norm and communication times to the host (one synchronisation).
-  BucketStats step_stats();
+  // The last step's statistics: reads the norm (and `loss`, a 0-dim tensor of the step, into
+  // BucketStats::loss) and the communication times to the host: one synchronisation.
+  BucketStats step_stats(const torch::Tensor& loss = {});
 
   int64_t num_buckets() const { return int64_t(buckets_.size()); }
   // Buckets are ranges of the flat gradient buffers (no copies).

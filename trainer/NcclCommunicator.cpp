@@ -89,8 +89,9 @@ struct NcclShared {
 // One reduction (or a mark on the compute stream): timing events around it on its stream.
 class NcclWork : public CommWork {
  public:
-  NcclWork(std::shared_ptr<NcclShared> shared, std::shared_ptr<EventClock> clock, cudaStream_t stream)
-      : shared_(std::move(shared)), clock_(std::move(clock)), enqueued_(Clock::now()) {
+  // Events of `device` (the caller holds a guard for it), recorded on `stream` of that device.
+  NcclWork(std::shared_ptr<NcclShared> shared, std::shared_ptr<EventClock> clock, int device, cudaStream_t stream)
+      : shared_(std::move(shared)), clock_(std::move(clock)), device_(device), enqueued_(Clock::now()) {
     check_cuda(cudaEventCreate(&start_), "cudaEventCreate");
     check_cuda(cudaEventCreate(&end_), "cudaEventCreate");
     check_cuda(cudaEventRecord(start_, stream), "cudaEventRecord");
@@ -104,7 +105,8 @@ class NcclWork : public CommWork {
   // The caller's stream waits; the host does not.
   void wait() override {
     shared_->throw_if_aborted();
-    check_cuda(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream().stream(), end_, 0), "cudaStreamWaitEvent");
+    c10::cuda::CUDAGuard guard(device_);
+    check_cuda(cudaStreamWaitEvent(c10::cuda::getCurrentCUDAStream(device_).stream(), end_, 0), "cudaStreamWaitEvent");
   }
   bool done() const override {
     shared_->throw_if_aborted();
@@ -139,6 +141,7 @@ class NcclWork : public CommWork {
  private:
   std::shared_ptr<NcclShared> shared_;
   std::shared_ptr<EventClock> clock_;
+  int device_;
   cudaEvent_t start_ = nullptr, end_ = nullptr;
   Clock::time_point enqueued_;
   mutable Clock::time_point started_{}, finished_{};
@@ -178,10 +181,13 @@ class NcclCommunicator : public Communicator {
   int world() const override { return boot_->world(); }
 
   std::shared_ptr<CommWork> allreduce_async(torch::Tensor t, ReduceOp op) override {
-    shared_->throw_if_aborted();
     if (!t.is_cuda() || !t.is_contiguous())
       throw std::invalid_argument("nccl communicator: allreduce needs a contiguous CUDA tensor");
     c10::cuda::CUDAGuard guard(t.device());
+    // Held from the abort check to the enqueue: the watchdog (which aborts under this lock) can never abort
+    // the communicator between them, and no two threads issue NCCL calls on it at once.
+    std::unique_lock<std::mutex> lock(m_);
+    shared_->throw_if_aborted();
     // The comm stream waits for whatever the compute stream queued that produces `t`.
     cudaEvent_t ready;
     check_cuda(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
@@ -190,24 +196,23 @@ class NcclCommunicator : public Communicator {
     cudaEventDestroy(ready);
     // The caching allocator must not hand `t`'s memory out again before the comm stream is done with it.
     c10::cuda::CUDACachingAllocator::recordStream(t.storage().data_ptr(), *stream_);
-    auto work = std::make_shared<NcclWork>(shared_, clock_, stream_->stream());
+    auto work = std::make_shared<NcclWork>(shared_, clock_, device_, stream_->stream());
     const ncclRedOp_t red = op == ReduceOp::kSum ? ncclSum : op == ReduceOp::kMax ? ncclMax : ncclAvg;
     check_nccl(ncclAllReduce(t.data_ptr(), t.data_ptr(), size_t(t.numel()), nccl_type(t.scalar_type()), red,
                              shared_->comm, stream_->stream()),
                "ncclAllReduce");
     work->record_end(stream_->stream());
-    {
-      std::lock_guard<std::mutex> lock(m_);
-      watched_.push_back(work);
-    }
+    watched_.push_back(work);
+    lock.unlock();
     cv_.notify_all();
     return work;
   }
 
   std::shared_ptr<CommWork> mark() override {
     shared_->throw_if_aborted();
+    c10::cuda::CUDAGuard guard(device_);
     cudaStream_t compute = c10::cuda::getCurrentCUDAStream(device_).stream();
-    auto work = std::make_shared<NcclWork>(shared_, clock_, compute);
+    auto work = std::make_shared<NcclWork>(shared_, clock_, device_, compute);
     work->record_end(compute);
     return work;
   }
