@@ -34,6 +34,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"model.max_position", &c.model.max_position},
       {"model.type_vocab_size", &c.model.type_vocab_size},
       {"model.dropout", &c.model.dropout},
+      {"model.init_checkpoint", &c.model.init_checkpoint},
       {"data.dir", &c.data.dir},
       {"data.eval_file", &c.data.eval_file},
       {"data.seq_len", &c.data.seq_len},
@@ -73,6 +74,10 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"checkpoint.every_samples", &c.checkpoint.every_samples},
       {"log.mllog", &c.log.mllog},
       {"log.progress_every_steps", &c.log.progress_every_steps},
+      {"log.submission_division", &c.log.submission_division},
+      {"log.submission_org", &c.log.submission_org},
+      {"log.submission_platform", &c.log.submission_platform},
+      {"log.submission_status", &c.log.submission_status},
       {"threads", &c.threads},
       {"seed", &c.seed},
       {"device", &c.device},
@@ -235,6 +240,8 @@ const std::set<std::string>& one_of(const std::string& key) {
       {"distributed.grad_dtype", {"fp32", "compute"}},
       {"device", {"auto", "cpu", "cuda"}},
       {"precision", {"auto", "fp32", "bf16", "fp16"}},
+      {"log.submission_division", {"open", "closed"}},
+      {"log.submission_status", {"available", "preview", "research", "onprem", "cloud"}},
   };
   return m.at(key);
 }
@@ -425,6 +432,26 @@ void TrainConfig::validate(const std::string& source) const {
   check_one_of("distributed.grad_dtype", distributed.grad_dtype);
   check_one_of("device", device);
   check_one_of("precision", precision);
+  check_one_of("log.submission_division", log.submission_division);
+  check_one_of("log.submission_status", log.submission_status);
+  if (log.submission_org.empty()) fail("log.submission_org", "must not be empty (the MLLOG's submission_org)");
+  if (log.submission_division == "closed") {
+    // What MLPerf training 5.0.0 asks of a closed BERT run that a config can show: the reference optimizer
+    // (LAMB: the checker's closed_bert rules want the opt_lamb_* keys), the quality target 0.720 (the
+    // checker wants an eval_accuracy >= 0.720) and the start from the phase-1 checkpoint.
+    if (optimizer.name != "lamb" && optimizer.name != "nvlamb")
+      fail("log.submission_division", "is 'closed', but optimizer.name is '" + optimizer.name +
+                                          "': MLPerf's closed BERT rules allow only LAMB (lamb or nvlamb); "
+                                          "set log.submission_division: open or optimizer.name: lamb");
+    if (target.mlm_accuracy < 0.720)
+      fail("log.submission_division", "is 'closed', but target.mlm_accuracy is " + std::to_string(target.mlm_accuracy) +
+                                          ": closed BERT runs train to masked-LM accuracy 0.720; set "
+                                          "target.mlm_accuracy: 0.72 or log.submission_division: open");
+    if (model.init_checkpoint.empty())
+      fail("log.submission_division", "is 'closed', but model.init_checkpoint is not set: closed BERT runs start "
+                                          "from the phase-1 checkpoint; set model.init_checkpoint or "
+                                          "log.submission_division: open");
+  }
   if (model.vocab_size < 0) fail("model.vocab_size", "must be >= 0 (0: from the dataset)");
   if (model.hidden <= 0) fail("model.hidden", "must be > 0");
   if (model.layers <= 0) fail("model.layers", "must be > 0");

@@ -24,6 +24,9 @@ struct ModelConfig {
   int64_t max_position = 512;
   int64_t type_vocab_size = 2;
   double dropout = 0.1;
+  // Start training from these weights: a bertsweep checkpoint-<step>.pt, or a PyTorch state dict (torch.save)
+  // with Hugging Face / NVIDIA BERT parameter names. Empty: random initialisation from `seed`.
+  std::string init_checkpoint;
 };
 
 struct DataConfig {
@@ -90,6 +93,11 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string mllog;                   // MLPerf-style :::MLLOG file; empty: none
   int64_t progress_every_steps = 10;
+  // MLPerf submission keys of the MLLOG (training rules 5.0.0): closed only for a run the closed BERT rules allow.
+  std::string submission_division = "open";      // open | closed
+  std::string submission_org = "bertsweep";
+  std::string submission_platform;               // empty: the CPU model, or the GPU's name on cuda
+  std::string submission_status = "research";    // available | preview | research | onprem | cloud
 };
 
 struct TrainConfig {

@@ -1,7 +1,9 @@
 #include "trainer/EventLog.h"
 
 #include <chrono>
+#include <algorithm>
 #include <cmath>
+#include <cstdlib>
 #include <stdexcept>
 
 #include "common/TrainConfig.h"
@@ -56,20 +58,46 @@ MlLog::~MlLog() {
 
 std::string MlLog::number(double v) {
   if (!std::isfinite(v)) return "null";
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.10g", v);
+  char buf[40];
+  if (std::floor(v) == v && std::fabs(v) < 9007199254740992.0) {  // integers exactly, without an exponent
+    std::snprintf(buf, sizeof buf, "%.0f", v);
+    return buf;
+  }
+  for (int digits = 1; digits <= 17; ++digits) {
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    if (std::strtod(buf, nullptr) == v) break;
+  }
   return buf;
 }
 
+std::string MlLog::source_file(const char* path) {
+  std::string p = path ? path : "";
+  // The project's top-level source folders; anything else keeps its last component.
+  for (const char* dir : {"trainer/", "cli/", "common/", "optimizers/", "search/", "studies/", "analysis/"}) {
+    auto at = p.rfind(std::string("/") + dir);
+    if (at != std::string::npos) return p.substr(at + 1);
+    if (p.rfind(dir, 0) == 0) return p;
+  }
+  auto slash = p.rfind('/');
+  return slash == std::string::npos ? p : p.substr(slash + 1);
+}
+
 void MlLog::log(const std::string& key, const std::string& value_json, const std::string& event_type,
-                JsonWriter metadata) {
+                JsonWriter metadata, const char* file, int line) {
   if (!out_) return;
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                std::chrono::system_clock::now().time_since_epoch())
-                .count();
+  int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                   std::chrono::system_clock::now().time_since_epoch())
+                   .count();
+  ms = std::max(ms, last_ms_);  // a clock step back must not reorder the log
+  last_ms_ = ms;
+  // file and lineno first, then the key's own metadata.
+  JsonWriter md;
+  md.add("file", source_file(file)).add("lineno", static_cast<int64_t>(line));
+  std::string own = metadata.str(), where = md.str();
+  if (own.size() > 2) where = where.substr(0, where.size() - 1) + ", " + own.substr(1);
   JsonWriter j;
-  j.add("namespace", "").add("time_ms", static_cast<int64_t>(ms)).add("event_type", event_type).add("key", key);
-  j.add_raw("value", value_json).add_raw("metadata", metadata.str());
+  j.add("namespace", "").add("time_ms", ms).add("event_type", event_type).add("key", key);
+  j.add_raw("value", value_json).add_raw("metadata", where);
   std::fprintf(out_, ":::MLLOG %s\n", j.str().c_str());
   std::fflush(out_);
 }

@@ -88,3 +88,40 @@ TEST(TrainConfig, MissingFileAndSyntaxErrorAreClear) {
   std::string e = error_of(p);
   EXPECT_NE(e.find("YAML syntax error"), std::string::npos) << e;
 }
+
+TEST(TrainConfig, SubmissionKeysAndInitCheckpointHaveDefaultsAndRules) {
+  bs::TrainConfig d;
+  EXPECT_EQ(d.log.submission_division, "open");
+  EXPECT_EQ(d.log.submission_org, "bertsweep");
+  EXPECT_EQ(d.log.submission_status, "research");
+  EXPECT_TRUE(d.log.submission_platform.empty());  // resolved at run time: CPU model or GPU name
+  EXPECT_TRUE(d.model.init_checkpoint.empty());
+  for (const char* k : {"log.submission_division", "log.submission_org", "log.submission_platform",
+                        "log.submission_status", "model.init_checkpoint"})
+    EXPECT_TRUE(bs::TrainConfig::is_key(k)) << k;
+  auto err = [](const std::vector<std::string>& sets) {
+    try {
+      bs::TrainConfig::from_yaml(YAML::Node(YAML::NodeType::Map), "t.yaml", sets);
+    } catch (const bs::ConfigError& e) {
+      return std::string(e.what());
+    }
+    return std::string("(accepted)");
+  };
+  EXPECT_NE(err({"log.submission_division=closed"}).find("LAMB"), std::string::npos);
+  EXPECT_NE(err({"log.submission_division=closed", "optimizer.name=lamb"}).find("0.720"), std::string::npos);
+  EXPECT_NE(err({"log.submission_division=closed", "optimizer.name=lamb", "target.mlm_accuracy=0.72"})
+                .find("model.init_checkpoint"),
+            std::string::npos);
+  EXPECT_EQ(err({"log.submission_division=closed", "optimizer.name=lamb", "target.mlm_accuracy=0.72",
+                 "model.init_checkpoint=phase1.pt"}),
+            "(accepted)");
+  EXPECT_NE(err({"log.submission_division=secret"}).find("log.submission_division"), std::string::npos);
+  EXPECT_NE(err({"log.submission_status=shipping"}).find("research"), std::string::npos);
+  EXPECT_NE(err({"log.submission_org="}).find("log.submission_org"), std::string::npos);
+  // Round trip through YAML keeps the new keys.
+  auto c = bs::TrainConfig::from_yaml(YAML::Node(YAML::NodeType::Map), "t.yaml",
+                                      {"model.init_checkpoint=/x/y.pt", "log.submission_platform=8xH200"});
+  auto back = bs::TrainConfig::from_yaml(YAML::Load(c.to_yaml_string()), "back");
+  EXPECT_EQ(back.model.init_checkpoint, "/x/y.pt");
+  EXPECT_EQ(back.log.submission_platform, "8xH200");
+}

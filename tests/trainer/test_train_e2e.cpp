@@ -114,7 +114,7 @@ TEST(TrainE2E, LearnsFromContextAndSpeaksTheProtocol) {
   std::ifstream in(mllog);
   std::string log((std::istreambuf_iterator<char>(in)), {});
   for (const char* key : {"\"run_start\"", "\"run_stop\"", "\"eval_accuracy\"", "\"global_batch_size\"",
-                          "\"opt_base_learning_rate\"", "\"epoch_start\""})
+                          "\"opt_base_learning_rate\"", "\"block_start\""})
     EXPECT_NE(log.find(key), std::string::npos) << key;
   EXPECT_NE(r.err.find("BLAS"), std::string::npos) << "the trainer must say which BLAS it runs on";
 }
