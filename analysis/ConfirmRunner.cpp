@@ -39,7 +39,7 @@ search::LauncherConfig study_launcher(const StudyStore& store, const std::string
 
 struct Pending {
   ConfirmRun run;
-  std::string config_path, run_dir;
+  std::string config_path, run_dir, mllog_path;
 };
 
 struct Active {
@@ -63,6 +63,14 @@ void take_events(Active& a) {
 }
 
 }  // namespace
+
+std::string confirm_mllog_path(const std::string& mllog_dir, const std::string& optimizer, int64_t batch,
+                               std::size_t index) {
+  return (fs::absolute(mllog_dir) / (optimizer + "-b" + std::to_string(batch)) / "bert" /
+          ("result_" + std::to_string(index) + ".txt"))
+      .lexically_normal()
+      .string();
+}
 
 ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
   if (o.seeds.empty()) throw std::invalid_argument("study confirm: give at least one seed (--seeds N)");
@@ -97,6 +105,15 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
     TrainConfig::from_yaml(YAML::Load(configs.back()), "study " + o.study + " trial " + std::to_string(t.number));
   }
 
+  if (!o.mllog_dir.empty())  // refused before anything is written: result files of an earlier run stay as they were
+    for (const auto& t : best)
+      for (std::size_t k = 0; k < o.seeds.size(); ++k) {
+        const std::string path = confirm_mllog_path(o.mllog_dir, trial_optimizer(t), trial_batch(t), k);
+        if (fs::exists(path))
+          throw StudyError("--mllog-dir: " + path + " exists already (from an earlier confirmation?); give an " +
+                           "empty folder");
+      }
+
   ConfirmStore confirm(db, /*writable=*/true);
   ConfirmResult result;
   result.session = confirm.next_session();
@@ -106,7 +123,8 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
   for (std::size_t i = 0; i < best.size(); ++i) {
     const TrialRecord& t = best[i];
     const std::string& cfg = configs[i];
-    for (int64_t seed : o.seeds) {
+    for (std::size_t k = 0; k < o.seeds.size(); ++k) {
+      const int64_t seed = o.seeds[k];
       Pending p;
       p.run.session = result.session;
       p.run.optimizer = trial_optimizer(t);
@@ -118,9 +136,14 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
       fs::create_directories(p.run_dir);
       p.config_path = p.run_dir + "/config.yaml";
       std::ofstream(p.config_path) << cfg;
+      std::vector<std::string> run_sets = {"seed=" + std::to_string(seed)};
+      if (!o.mllog_dir.empty()) {
+        p.mllog_path = confirm_mllog_path(o.mllog_dir, p.run.optimizer, p.run.batch, k);
+        fs::create_directories(fs::path(p.mllog_path).parent_path());
+        run_sets.push_back("log.mllog=" + p.mllog_path);
+      }
       // What ran: the exported config with its seed (the same --set the trainer applies).
-      p.run.config_yaml = TrainConfig::from_yaml(YAML::Load(cfg), p.config_path, {"seed=" + std::to_string(seed)})
-                              .to_yaml_string();
+      p.run.config_yaml = TrainConfig::from_yaml(YAML::Load(cfg), p.config_path, run_sets).to_yaml_string();
       p.run.log_path = p.run_dir + "/stderr.log";
       queue.push_back(std::move(p));
     }
@@ -142,6 +165,7 @@ ConfirmResult run_confirm(const ConfirmOptions& o, std::ostream& progress) {
       queue.pop_front();
       auto spec = search::trainer_launch(launcher, o.trainer_exe, p.config_path, threads, p.run_dir);
       spec.argv.insert(spec.argv.end(), {"--set", "seed=" + std::to_string(p.run.seed)});
+      if (!p.mllog_path.empty()) spec.argv.insert(spec.argv.end(), {"--set", "log.mllog=" + p.mllog_path});
       Active a{p.run, std::make_unique<search::TrialProcess>(spec)};
       active.push_back(std::move(a));
     }

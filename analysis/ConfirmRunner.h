@@ -22,7 +22,16 @@ struct ConfirmOptions {
   int parallel = 1;                   // runs at a time; each gets cores/parallel threads
   std::vector<std::string> sets;      // key=value overrides applied to every exported config
   bool quiet = false;
+  // Non-empty: each run also writes its MLLOG (`--set log.mllog=...`) as
+  // DIR/<optimizer>-b<batch>/bert/result_N.txt, N = 0, 1, ... over the seeds in the order given: the
+  // results/<system>/<benchmark>/result_N.txt layout MLPerf's package and RCP checkers read, one "system"
+  // folder per confirmed (optimizer, batch). Refused before any run when one of those files exists already.
+  std::string mllog_dir;
 };
+
+// The MLLOG file of the `index`-th seed of an (optimizer, batch) pair under ConfirmOptions::mllog_dir.
+std::string confirm_mllog_path(const std::string& mllog_dir, const std::string& optimizer, int64_t batch,
+                               std::size_t index);
 
 struct ConfirmResult {
   int64_t session = 0;

@@ -22,12 +22,17 @@ namespace fs = std::filesystem;
 namespace {
 
 const char* kExportHelp = R"(usage: bertsweep study export NAME [--best] [--where k=v[,k=v...]]... [--top K] [--trial N]
-                              [--format yaml|mlperf-json] [--out FILE] [--set key.path=value]... [--dir studies/]
+                              [--format yaml|mlperf-json|nvidia-config] [--out FILE] [--set key.path=value]...
+                              [--scale-lr linear|sqrt|none] [--nodes N] [--gpus-per-node G] [--dir studies/]
 
 Writes the best trial's resolved training config: as YAML that `bertsweep train --config FILE` runs unchanged
-(exactly the stored config; with --set it is re-read, overridden and written back, e.g. for the production
-scale: --set data.dir=/data/bert --set batch.micro=32), or as MLPerf-style hyperparameter JSON
-(global_batch_size, opt_base_learning_rate, opt_lamb_beta_1, ..., plus the trial's provenance).
+(the stored config with numbers in their shortest exact form; with --set it is re-read, overridden and written
+back, e.g. for the production scale: --set data.dir=/data/bert --set batch.micro=32), as MLPerf-style
+hyperparameter JSON (global_batch_size, opt_base_learning_rate, opt_lamb_beta_1, gradient_accumulation_steps,
+per_device_batch_size, the model shape, precision, MLPerf BERT's eval settings, the trial's seed and
+provenance), or as the shell variables NVIDIA's MLPerf BERT run_and_time.sh reads from a config_<SYSTEM>.sh
+(BATCHSIZE per GPU, GRADIENT_STEPS, LR, MAX_STEPS, WARMUP_STEPS, OPT_LAMB_BETA_1/2, WEIGHT_DECAY_RATE,
+EVAL_ITER_START_SAMPLES, EVAL_ITER_SAMPLES, DGXNNODES, DGXNGPU, SEED, ...). All formats hold the same values.
 
   --best           choose by rank (the default): COMPLETE trials that reached the target first, then by the
                    study's objective and direction (as stored in the study; samples_to_target ascending by default)
@@ -37,16 +42,21 @@ scale: --set data.dir=/data/bert --set batch.micro=32), or as MLPerf-style hyper
   --top K          export the K best: FILE gets a -1, -2, ... suffix before its extension (best.yaml ->
                    best-1.yaml, best-2.yaml, ...); fewer files when fewer trials match
   --trial N        export trial N instead of the best (it must be COMPLETE)
-  --format F       yaml (default) or mlperf-json
+  --format F       yaml (default), mlperf-json or nvidia-config
   --out FILE       where to write (default: standard output; "-" too)
   --set k=v        override a training key of the exported config (repeatable)
+  --scale-lr M     linear, sqrt or none (default): rescale the trial's learning rate to the production batch
+                   given with --set batch.global=N (lr * N/B, or lr * sqrt(N/B), B the trial's batch)
+  --nodes N        nodes of the production run (default 1)
+  --gpus-per-node G  GPUs per node (default 1); N*G must divide the global batch (exit 2 otherwise)
   --dir DIR        where studies live (default studies/)
 
 exit codes: 0 ok, 2 usage/config error, 7 unknown study, no COMPLETE trial, or --where matches nothing
 )";
 
 const char* kConfirmHelp = R"(usage: bertsweep study confirm NAME [--seeds N|S1,S2,...] [--per-batch] [--parallel K]
-                               [--include-unreached] [--set key.path=value]... [--dir studies/] [--quiet]
+                               [--include-unreached] [--set key.path=value]... [--mllog-dir DIR]
+                               [--dir studies/] [--quiet]
 
 Re-runs the best config of each optimizer of the study (the `study export --best --where optimizer=X` config)
 with several seeds: `bertsweep train --config <cfg> --set seed=S --events fd:3 --quiet`, under the study's
@@ -61,6 +71,10 @@ with several batch sizes per optimizer, plots samples to target vs batch size wi
   --include-unreached  also re-run a best trial that never reached the target (skipped by default: it has
                    no samples to target to confirm, and each seed would spend target.max_samples)
   --set k=v        override a training key of every run (repeatable)
+  --mllog-dir DIR  also write each run's MLLOG as DIR/<optimizer>-b<batch>/bert/result_N.txt (N = 0, 1, ...
+                   over the seeds): the results/<system>/<benchmark>/ layout MLPerf's package and RCP checkers
+                   read (e.g. python -m mlperf_logging.rcp_checker DIR/lamb-b32/bert); refused when a
+                   result_N.txt it would write exists already
 
 exit codes: 0 ok (at least one run finished), 2 usage error, 7 unknown study / no COMPLETE trial / none reached
 the target / every run failed
@@ -112,12 +126,21 @@ std::string describe_trial(const TrialRecord& t) {
 }
 
 int export_study(const Args& a) {
-  a.allow_only({"best", "where", "top", "trial", "format", "out", "set", "dir", "help"});
+  a.allow_only({"best", "where", "top", "trial", "format", "out", "set", "dir", "scale-lr", "nodes", "gpus-per-node",
+                "help"});
   if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
   const std::string name = a.positional()[0];
   const std::string format = a.get("format", "yaml");
-  if (format != "yaml" && format != "mlperf-json")
-    throw UsageError("--format must be yaml or mlperf-json, got '" + format + "'");
+  if (format != "yaml" && format != "mlperf-json" && format != "nvidia-config")
+    throw UsageError("--format must be yaml, mlperf-json or nvidia-config, got '" + format + "'");
+  const std::string scale_lr = a.get("scale-lr", "none");
+  if (scale_lr != "linear" && scale_lr != "sqrt" && scale_lr != "none")
+    throw UsageError("--scale-lr must be linear, sqrt or none, got '" + scale_lr + "'");
+  ProductionLayout layout;
+  layout.nodes = a.get_int("nodes", 1);
+  layout.gpus_per_node = a.get_int("gpus-per-node", 1);
+  if (layout.nodes < 1) throw UsageError("--nodes must be >= 1");
+  if (layout.gpus_per_node < 1) throw UsageError("--gpus-per-node must be >= 1");
   const long long top = a.get_int("top", 1);
   if (top < 1) throw UsageError("--top must be >= 1");
   const std::string out = a.get("out", "-");
@@ -158,12 +181,41 @@ int export_study(const Args& a) {
     std::cerr << "bertsweep study export: only " << chosen.size() << " trial(s) match; writing " << chosen.size()
               << " file(s)\n";
 
+  if (scale_lr != "none")
+    for (const auto& set : sets)
+      if (set.rfind("optimizer.lr=", 0) == 0)
+        throw UsageError("--scale-lr " + scale_lr + " rescales the trial's learning rate; it cannot be combined with --set " +
+                         set + " (drop one of them)");
+  // Every text first: a layout that does not divide some trial's batch writes nothing.
+  std::vector<std::string> texts;
+  for (const TrialRecord& t : chosen) {
+    const std::string source = "trial " + std::to_string(t.number);
+    std::vector<std::string> trial_sets = sets;
+    if (scale_lr != "none") {
+      const TrainConfig trial = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source);
+      const TrainConfig prod = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source, sets);
+      const double lr = scaled_learning_rate(trial.optimizer.lr, trial.batch.global, prod.batch.global, scale_lr);
+      trial_sets.push_back("optimizer.lr=" + shortest_number(lr));
+      std::cerr << "bertsweep study export: --scale-lr " << scale_lr << ": lr " << shortest_number(trial.optimizer.lr)
+                << " at batch " << trial.batch.global << " -> " << shortest_number(lr) << " at batch "
+                << prod.batch.global << "\n";
+    }
+    std::string text = export_yaml(t, trial_sets);
+    const TrainConfig config = TrainConfig::from_yaml(YAML::Load(text), source);
+    if (config.batch.global % layout.devices() != 0)
+      throw UsageError("the global batch " + std::to_string(config.batch.global) + " of " + source +
+                       " is not divisible by --nodes " + std::to_string(layout.nodes) + " x --gpus-per-node " +
+                       std::to_string(layout.gpus_per_node) + " = " + std::to_string(layout.devices()) +
+                       " devices; choose a layout that divides it, or --set batch.global=N with N a multiple of " +
+                       std::to_string(layout.devices()));
+    if (format == "mlperf-json") text = export_mlperf_json(config, t, name, layout);
+    if (format == "nvidia-config") text = export_nvidia_config(config, t, name, layout);
+    texts.push_back(text);
+  }
+
   for (std::size_t i = 0; i < chosen.size(); ++i) {
     const TrialRecord& t = chosen[i];
-    std::string text = export_yaml(t, sets);
-    if (format == "mlperf-json")
-      text = export_mlperf_json(TrainConfig::from_yaml(YAML::Load(text), "trial " + std::to_string(t.number)), t,
-                                name);
+    const std::string& text = texts[i];
     if (out == "-") {
       std::cout << text;
       std::cerr << "bertsweep study export: " << describe_trial(t) << "\n";
@@ -203,7 +255,7 @@ std::vector<int64_t> parse_seeds(const std::string& s) {
 }
 
 int confirm_study(const Args& a) {
-  a.allow_only({"seeds", "per-batch", "include-unreached", "parallel", "set", "dir", "quiet", "help"});
+  a.allow_only({"seeds", "per-batch", "include-unreached", "parallel", "set", "dir", "quiet", "mllog-dir", "help"});
   if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
   analysis::ConfirmOptions o;
   o.study = a.positional()[0];
@@ -218,6 +270,10 @@ int confirm_study(const Args& a) {
       throw UsageError("--set " + set + ": unknown training key '" + key + "' (see `bertsweep train --help`)");
   }
   o.quiet = a.has("quiet");
+  o.mllog_dir = a.get("mllog-dir", "");
+  if (a.has("mllog-dir") && o.mllog_dir.empty()) throw UsageError("--mllog-dir needs a folder");
+  if (!o.mllog_dir.empty() && fs::exists(o.mllog_dir) && !fs::is_directory(o.mllog_dir))
+    throw UsageError("--mllog-dir " + o.mllog_dir + " is not a folder");
   o.per_batch = a.has("per-batch");
   o.include_unreached = a.has("include-unreached");
   // The trainer is this very executable.

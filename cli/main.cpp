@@ -22,8 +22,9 @@ usage: bertsweep <command> [options]     (every command takes --help)
   study run      --config FILE [--name NAME] [--dir studies/] [--set key=value]...
   study resume   NAME [--dir studies/]
   study status   NAME [--dir studies/]
-  study export   NAME --best [--where k=v,...] [--top K] --format yaml|mlperf-json --out FILE
-  study confirm  NAME --seeds 5
+  study export   NAME --best [--where k=v,...] [--top K] --format yaml|mlperf-json|nvidia-config --out FILE
+                 [--scale-lr linear|sqrt|none] [--nodes N --gpus-per-node G]
+  study confirm  NAME --seeds 5 [--mllog-dir DIR]
   report         NAME [NAME...] --out DIR
 
 exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 data error, 4 NaN/inf loss,

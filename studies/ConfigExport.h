@@ -1,6 +1,7 @@
 // `study export`: choosing the best trial(s) of a study and writing their resolved training config back,
 // as YAML that `bertsweep train --config` runs unchanged, or as MLPerf-style hyperparameter JSON.
 #pragma once
+#include <cstdint>
 #include <optional>
 #include <stdexcept>
 #include <string>
@@ -66,15 +67,67 @@ std::vector<TrialRecord> rank_trials(const std::vector<TrialRecord>& trials, con
                                      const TrialFilter& filter = {});
 
 // The trial's resolved config exactly as stored; with `sets` (key.path=value) it is re-read as a TrainConfig,
-// overridden, validated and written back (every key explicit, doubles with 17 significant digits).
+// overridden, validated and written back (every key explicit). Doubles in their shortest exact form
+// (shorten_yaml_numbers): the values are bit-identical to the stored ones.
 std::string export_yaml(const TrialRecord& t, const std::vector<std::string>& sets = {});
 
-// MLPerf-style hyperparameters (global_batch_size, opt_base_learning_rate, ...) of a resolved config,
-// with the trial's provenance under "bertsweep". Pretty-printed JSON, one key per line.
+// MLPerf-style hyperparameters (global_batch_size, opt_base_learning_rate, ...) of a resolved config, with
+// gradient accumulation, the per-device batch, the model shape, precision, MLPerf's BERT eval settings and the
+// trial's provenance under "bertsweep". Pretty-printed JSON, one key per line, numbers in shortest exact form.
+// One node with one device unless a layout is given (the overload below).
 std::string export_mlperf_json(const TrainConfig& config, const TrialRecord& t, const std::string& study_name);
 
 // Warmup steps and total steps as the trainer's schedule resolves them (warmup_fraction of total steps).
 int64_t resolved_total_steps(const TrainConfig& config);
 int64_t resolved_warmup_steps(const TrainConfig& config);
+
+// The shortest decimal text that reads back (strtod) as exactly `v`: 0.1 -> "0.1", 1e-4 -> "0.0001",
+// 3 -> "3"; "null" for NaN/inf (JSON has no spelling for them).
+std::string shortest_number(double v);
+
+// The YAML text with every double that was written at full precision (16-17 significant digits, as the
+// config writer emits them) replaced by its shortest exact form; comments, order and other values unchanged.
+std::string shorten_yaml_numbers(const std::string& yaml);
+
+// How the production run is laid out: `--nodes N --gpus-per-node G`.
+struct ProductionLayout {
+  int64_t nodes = 1;
+  int64_t gpus_per_node = 1;
+  int64_t devices() const { return nodes * gpus_per_node; }
+};
+
+// The per-device batch global / (nodes * gpus_per_node); throws ConfigError naming both numbers when the
+// devices do not divide the global batch.
+int64_t per_device_batch(int64_t global_batch, const ProductionLayout& layout);
+// The trainer's micro-steps per optimizer step: ceil(per-device batch / batch.micro).
+int64_t gradient_accumulation_steps(const TrainConfig& config, const ProductionLayout& layout);
+
+// MLPerf BERT (closed) evaluation settings: the quality target, the eval set size and the eval interval.
+constexpr double kMlperfBertTargetMlmAccuracy = 0.720;
+constexpr int64_t kMlperfBertEvalSamples = 10000;
+// FLOOR(0.05 * (230.23 * global_batch + 3,000,000), 25,000) samples: training_rules.adoc of
+// mlcommons/training_policies (benchmark quality table, BERT row: "eval_interval_samples=FLOOR(0.05*(230.23*GBS+
+// 3000000), 25000), skipping 0"), i.e. rounded down to a multiple of 25,000; the first eval comes after one interval.
+int64_t mlperf_bert_eval_interval_samples(int64_t global_batch);
+
+// `--scale-lr linear|sqrt|none`: the learning rate for a production global batch, from the trial's lr at the
+// trial's batch (linear: lr * prod/trial; sqrt: lr * sqrt(prod/trial); none: lr). Throws ConfigError for an
+// unknown mode or a batch < 1.
+double scaled_learning_rate(double lr, int64_t trial_batch, int64_t production_batch, const std::string& mode);
+
+// MLPerf-style hyperparameters of a resolved config for a production layout; see export_mlperf_json above.
+std::string export_mlperf_json(const TrainConfig& config, const TrialRecord& t, const std::string& study_name,
+                               const ProductionLayout& layout);
+
+// The shell variables NVIDIA's MLPerf BERT run_and_time.sh reads from its config_<SYSTEM>.sh (BATCHSIZE is the
+// per-GPU batch of one optimizer step, GRADIENT_STEPS the micro-steps it is split into, LR, MAX_STEPS,
+// WARMUP_STEPS, OPT_LAMB_BETA_1/2, WEIGHT_DECAY_RATE, EVAL_ITER_START_SAMPLES, EVAL_ITER_SAMPLES, DGXNNODES,
+// DGXNGPU, SEED, ...), as `export NAME=value` lines with shell-safe quoting. Throws ConfigError when the layout
+// does not divide the global batch.
+std::string export_nvidia_config(const TrainConfig& config, const TrialRecord& t, const std::string& study_name,
+                                 const ProductionLayout& layout);
+// GRADIENT_STEPS for NVIDIA's trainer, which needs it to divide BATCHSIZE: the smallest divisor of the
+// per-device batch that is >= gradient_accumulation_steps (the same number whenever that one divides).
+int64_t nvidia_gradient_steps(const TrainConfig& config, const ProductionLayout& layout);
 
 }  // namespace bs

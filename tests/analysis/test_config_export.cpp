@@ -6,6 +6,9 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <algorithm>
+#include <cstdio>
+#include <random>
 #include <regex>
 
 #include "StudyFixture.h"
@@ -41,12 +44,91 @@ bool has_key(const std::string& json, const std::string& key) {
 
 }  // namespace
 
-TEST(ConfigExport, YamlIsExactlyTheStoredConfig) {
+TEST(ConfigExport, YamlIsTheStoredConfigWithShortestNumbers) {
   TrainConfig c;
   c.optimizer.lr = 0.0012345678901234567;
+  c.optimizer.beta1 = 0.83;  // stored as 0.82999999999999996
+  c.optimizer.beta2 = 0.999;
+  c.optimizer.eps = 1e-4;
+  c.schedule.warmup_fraction = 0.07;  // stored as 0.070000000000000007
   TrialRecord t = trial_with(c);
-  t.config_yaml = "# stored as the controller wrote it\n" + t.config_yaml;  // byte-exact, comments too
-  EXPECT_EQ(export_yaml(t), t.config_yaml);
+  ASSERT_NE(t.config_yaml.find("beta1: 0.82999999999999996\n"), std::string::npos) << t.config_yaml;
+  t.config_yaml = "# stored as the controller wrote it\n" + t.config_yaml;  // comments, order kept
+  const std::string out = export_yaml(t);
+  EXPECT_EQ(out.rfind("# stored as the controller wrote it\n", 0), 0u) << out;
+  EXPECT_NE(out.find("beta1: 0.83\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("beta2: 0.999\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("warmup_fraction: 0.07\n"), std::string::npos) << out;
+  EXPECT_NE(out.find("eps: 0.0001\n"), std::string::npos) << out;
+  // Only number spellings change: the values read back bit-identical.
+  const TrainConfig back = TrainConfig::from_yaml(YAML::Load(out), "exported");
+  EXPECT_EQ(back.to_yaml_string(), c.to_yaml_string());
+  EXPECT_EQ(back.optimizer.lr, c.optimizer.lr);
+  // The same number of lines, and every line without a number unchanged.
+  EXPECT_EQ(std::count(out.begin(), out.end(), '\n'), std::count(t.config_yaml.begin(), t.config_yaml.end(), '\n'));
+}
+
+TEST(ConfigExport, ShortestNumberRoundTrips) {
+  EXPECT_EQ(shortest_number(0.1), "0.1");
+  EXPECT_EQ(shortest_number(1e-4), "0.0001");
+  EXPECT_EQ(std::strtod(shortest_number(1e-4).c_str(), nullptr), 1e-4);
+  EXPECT_EQ(shortest_number(0.999), "0.999");
+  EXPECT_EQ(shortest_number(3.0), "3");
+  EXPECT_EQ(shortest_number(4096), "4096");
+  EXPECT_EQ(shortest_number(1e-7), "1e-07");
+  EXPECT_EQ(shortest_number(0.72), "0.72");
+  EXPECT_EQ(shortest_number(std::nan("")), "null");
+  EXPECT_EQ(shortest_number(1.0 / 3.0), "0.3333333333333333");  // 16 digits suffice here
+  std::mt19937_64 rng(7);
+  std::uniform_real_distribution<double> u(-30, 30);
+  for (int i = 0; i < 2000; ++i) {
+    const double v = std::pow(10.0, u(rng)) * (i % 2 ? 1 : -1);
+    const std::string s = shortest_number(v);
+    ASSERT_EQ(std::strtod(s.c_str(), nullptr), v) << s;
+    // And no shorter spelling reads back: one significant digit fewer gives another double.
+    int digits = 0;
+    bool leading = true;
+    for (char ch : s.substr(0, s.find_first_of("eE"))) {
+      if (!std::isdigit(static_cast<unsigned char>(ch)) || (leading && ch == '0')) continue;
+      leading = false;
+      ++digits;
+    }
+    if (digits > 1) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.*g", digits - 1, v);
+      EXPECT_NE(std::strtod(buf, nullptr), v) << s << " vs " << buf;
+    }
+  }
+  // A string that only looks like a number (few digits) is left as written.
+  EXPECT_EQ(shorten_yaml_numbers("dir: 1.50\nlr: 0.0016999999999999999\n"), "dir: 1.50\nlr: 0.0017\n");
+}
+
+TEST(ConfigExport, LayoutAccumulationEvalIntervalAndLrScaling) {
+  TrainConfig c;
+  c.batch.global = 4096;
+  c.batch.micro = 48;
+  EXPECT_EQ(per_device_batch(4096, {2, 8}), 256);
+  EXPECT_EQ(gradient_accumulation_steps(c, {2, 8}), 6);  // ceil(256 / 48)
+  EXPECT_EQ(nvidia_gradient_steps(c, {2, 8}), 8);        // NVIDIA needs a divisor of 256: 8 (micro 32)
+  c.batch.micro = 64;
+  EXPECT_EQ(gradient_accumulation_steps(c, {2, 8}), 4);
+  EXPECT_EQ(nvidia_gradient_steps(c, {2, 8}), 4);
+  try {
+    per_device_batch(4096, {3, 8});
+    FAIL() << "no error";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("4096"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("24 devices"), std::string::npos) << e.what();
+  }
+  // floor(0.05 * (230.23 * GBS + 3e6), 25000): 4096 -> 197151.1 -> 175000; 8192 -> 244302.2 -> 225000;
+  // 448 -> 155157.2 -> 150000 (NVIDIA's configs for that size use 150000).
+  EXPECT_EQ(mlperf_bert_eval_interval_samples(4096), 175000);
+  EXPECT_EQ(mlperf_bert_eval_interval_samples(8192), 225000);
+  EXPECT_EQ(mlperf_bert_eval_interval_samples(448), 150000);
+  EXPECT_EQ(scaled_learning_rate(1e-3, 256, 4096, "linear"), 1e-3 * 16);
+  EXPECT_EQ(scaled_learning_rate(1e-3, 256, 4096, "sqrt"), 1e-3 * 4);
+  EXPECT_EQ(scaled_learning_rate(1e-3, 256, 4096, "none"), 1e-3);
+  EXPECT_THROW(scaled_learning_rate(1e-3, 256, 4096, "cubic"), ConfigError);
 }
 
 TEST(ConfigExport, SetOverridesOnlyTheNamedKeysAndKeepsExactDoubles) {
@@ -101,6 +183,18 @@ TEST(ConfigExport, MlperfJsonCarriesTheHyperparameters) {
   EXPECT_EQ(json_number(j, "max_samples"), 1000000);
   EXPECT_EQ(json_number(j, "seed"), 9);
   EXPECT_EQ(json_number(j, "trial"), 12);
+  EXPECT_EQ(json_number(j, "gradient_accumulation_steps"), 128);  // 4096 / micro 32, one device
+  EXPECT_EQ(json_number(j, "per_device_batch_size"), 4096);
+  EXPECT_EQ(json_number(j, "target_mlm_accuracy"), 0.72);
+  EXPECT_EQ(json_number(j, "eval_samples"), 10000);
+  EXPECT_EQ(json_number(j, "eval_interval_samples"), 175000);
+  EXPECT_EQ(json_number(j, "num_hidden_layers"), c.model.layers);
+  EXPECT_EQ(json_number(j, "hidden_size"), c.model.hidden);
+  EXPECT_NE(j.find("\"precision\": \"auto\""), std::string::npos) << j;
+  const std::string laid = export_mlperf_json(c, trial_with(c), "s1", {2, 4});
+  EXPECT_EQ(json_number(laid, "per_device_batch_size"), 512);
+  EXPECT_EQ(json_number(laid, "gradient_accumulation_steps"), 16);
+  EXPECT_THROW(export_mlperf_json(c, trial_with(c), "s1", {3, 1}), ConfigError);
   EXPECT_FALSE(has_key(j, "opt_adam_beta_1"));
 
   c.optimizer.name = "adamw";

@@ -22,6 +22,8 @@
 #include "StudyFixture.h"
 #include "TestUtil.h"
 #include "analysis/Report.h"
+#include "common/TrainConfig.h"
+#include "studies/ConfigExport.h"
 
 using namespace bs;
 namespace fs = std::filesystem;
@@ -127,7 +129,10 @@ TEST(ExportE2E, BestYamlIsTheStoredConfigAndTrainsToTheSameSamples) {
   auto r = test::run({test::bertsweep_bin(), "study", "export", kStudyName, "--best", "--format", "yaml", "--out",
                       out + "/best.yaml", "--dir", dir});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::file_bytes(out + "/best.yaml"), best->config);
+  // The stored config with its numbers in the shortest exact form: every value bit-identical.
+  EXPECT_EQ(test::file_bytes(out + "/best.yaml"), shorten_yaml_numbers(best->config));
+  EXPECT_EQ(TrainConfig::load(out + "/best.yaml").to_yaml_string(),
+            TrainConfig::from_yaml(YAML::Load(best->config), "stored").to_yaml_string());
   EXPECT_NE(r.err.find("trial " + std::to_string(best->number)), std::string::npos) << r.err;
 
   auto t = test::run({test::bertsweep_bin(), "train", "--config", out + "/best.yaml", "--events", "stdout", "--quiet"},
@@ -148,7 +153,7 @@ TEST(ExportE2E, WhereTopSetAndMlperfJson) {
   auto r = test::run({test::bertsweep_bin(), "study", "export", kStudyName, "--best", "--where", "optimizer=" + opt,
                       "--top", "3", "--out", out + "/cfg.yaml", "--dir", dir});
   ASSERT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_EQ(test::file_bytes(out + "/cfg-1.yaml"), best_opt->config);
+  EXPECT_EQ(test::file_bytes(out + "/cfg-1.yaml"), shorten_yaml_numbers(best_opt->config));
   for (int i = 1; i <= 3 && fs::exists(out + "/cfg-" + std::to_string(i) + ".yaml"); ++i)
     EXPECT_EQ(YAML::LoadFile(out + "/cfg-" + std::to_string(i) + ".yaml")["optimizer"]["name"].Scalar(), opt);
 
@@ -352,8 +357,9 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
   // A copy: confirm writes bs_confirm into the study file.
   const std::string dir = test::make_temp_dir("confirm-e2e");
   fs::copy(shared + "/" + kStudyName, dir + "/" + kStudyName, fs::copy_options::recursive);
+  const std::string mllog = dir + "/mlperf";  // --mllog-dir: result_N.txt per (optimizer, batch)
   auto r = test::run({test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "2", "--parallel", "2",
-                      "--dir", dir},
+                      "--dir", dir, "--mllog-dir", mllog},
                      600);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::set<std::string> optimizers;
@@ -379,6 +385,19 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
       continue;
     }
     EXPECT_EQ(seeds, (std::vector<int64_t>{1, 2})) << opt;
+    // Seed k's MLLOG as result_k.txt in the results/<system>/bert/ layout, each a whole run with its seed.
+    const int64_t batch = YAML::Load(best->config)["batch"]["global"].as<int64_t>();
+    for (int k = 0; k < 2; ++k) {
+      const std::string path =
+          mllog + "/" + opt + "-b" + std::to_string(batch) + "/bert/result_" + std::to_string(k) + ".txt";
+      ASSERT_TRUE(fs::exists(path)) << path;
+      const std::string log = test::file_bytes(path);
+      EXPECT_EQ(log.rfind(":::MLLOG ", 0), 0u) << path;
+      EXPECT_NE(log.find("\"run_stop\""), std::string::npos) << path;
+      EXPECT_TRUE(std::regex_search(log, std::regex("\"key\": \"seed\", \"value\": " + std::to_string(k + 1) +
+                                                    "[,}]")))
+          << path;
+    }
     if (xs.empty()) continue;
     double mean = 0, ss = 0;
     for (double x : xs) mean += x;
@@ -388,6 +407,19 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
     const std::string want = analysis::format_number(mean) + " +- " + analysis::format_number(sd);
     EXPECT_NE(r.out.find(want), std::string::npos) << opt << ": " << want << "\n" << r.out;
   }
+  // Again into the same folder: refused before any run (no result file overwritten, no new confirm row).
+  SQLite::Statement count(sql, "SELECT COUNT(*) FROM bs_confirm");
+  ASSERT_TRUE(count.executeStep());
+  const int64_t rows = count.getColumn(0).getInt64();
+  auto again = test::run({test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "2", "--dir", dir,
+                          "--mllog-dir", mllog},
+                         120);
+  EXPECT_EQ(again.exit_code, 7) << again.err;
+  EXPECT_NE(again.err.find("result_0.txt exists already"), std::string::npos) << again.err;
+  SQLite::Statement count2(sql, "SELECT COUNT(*) FROM bs_confirm");
+  ASSERT_TRUE(count2.executeStep());
+  EXPECT_EQ(count2.getColumn(0).getInt64(), rows);
+
   const std::string out = dir + "/report";
   auto rep = test::run({test::bertsweep_bin(), "report", kStudyName, "--out", out, "--dir", dir}, 300);
   ASSERT_EQ(rep.exit_code, 0) << rep.err;
