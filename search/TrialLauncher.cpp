@@ -94,13 +94,15 @@ int count_nvidia_gpus() {
   int n = 0;
   for (fs::directory_iterator it("/proc/driver/nvidia/gpus", ec), end; !ec && it != end; it.increment(ec)) ++n;
   if (n > 0) return n;
-  // Containers may hide /proc/driver/nvidia while nvidia-smi works. A fixed command line, no input in it.
-  FILE* p = popen("nvidia-smi -L 2>/dev/null", "r");
-  if (!p) return 0;
-  char line[512];
-  while (std::fgets(line, sizeof line, p))
-    if (std::strncmp(line, "GPU ", 4) == 0) ++n;
-  return pclose(p) == 0 ? n : 0;
+  // Containers may hide /proc/driver/nvidia but expose the device nodes /dev/nvidia0, /dev/nvidia1, ...
+  // (no subprocess: the launcher never runs a shell or a command it did not build).
+  for (fs::directory_iterator it("/dev", ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() > 6 && name.compare(0, 6, "nvidia") == 0 &&
+        name.find_first_not_of("0123456789", 6) == std::string::npos)
+      ++n;
+  }
+  return n;
 }
 
 std::vector<std::string> launcher_gpus(const LauncherConfig& launcher) {
@@ -125,7 +127,7 @@ void check_gpu_fit(const LauncherConfig& launcher, int parallel, const std::vect
                          : std::to_string(gpus.size()) + " GPU(s) are visible (" + join_gpu_ids(gpus) + ")";
     found += env ? " in CUDA_VISIBLE_DEVICES='" + std::string(env) + "'"
                  : std::string(" (no CUDA_VISIBLE_DEVICES; GPUs counted from /proc/driver/nvidia/gpus and "
-                               "nvidia-smi -L)");
+                               "/dev/nvidiaN)");
   }
   throw ConfigError(source + ": parallel (" + std::to_string(parallel) + ") x launcher.gpus_per_trial (" +
                     std::to_string(per_trial) + ") needs " + std::to_string(need) + " GPUs but " + found +

@@ -36,8 +36,8 @@ LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe
 // GPU-/MIG- UUIDs; like CUDA, reading stops at the first empty, negative or repeated entry, so "" or "-1"
 // means none); when unset, the ids 0..device_count-1.
 std::vector<std::string> visible_gpus(const char* cuda_visible_devices, int device_count);
-// GPUs of this machine: entries of /proc/driver/nvidia/gpus/, else the `GPU n:` lines of `nvidia-smi -L`;
-// 0 without the driver or nvidia-smi.
+// GPUs of this machine: entries of /proc/driver/nvidia/gpus/, else the /dev/nvidiaN device nodes; 0 without
+// the driver.
 int count_nvidia_gpus();
 // The GPUs of `launcher`: its `gpus` list, else visible_gpus(getenv("CUDA_VISIBLE_DEVICES"), count_nvidia_gpus())
 // (the machine is only asked when trials get GPUs).

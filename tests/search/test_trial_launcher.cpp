@@ -247,7 +247,7 @@ TEST(GpuSlots, CpuTrialsGetNoGpu) {
 TEST(GpuDiscovery, CudaVisibleDevicesEntriesAreKeptAsStrings) {
   using V = std::vector<std::string>;
   EXPECT_EQ(visible_gpus(nullptr, 3), (V{"0", "1", "2"}));  // unset: the machine's count
-  EXPECT_EQ(visible_gpus(nullptr, 0), V{});                 // no driver, no nvidia-smi
+  EXPECT_EQ(visible_gpus(nullptr, 0), V{});                 // no driver
   EXPECT_EQ(visible_gpus("2,3", 8), (V{"2", "3"}));          // set: it wins over the count
   EXPECT_EQ(visible_gpus(" 1 , 0", 8), (V{"1", "0"}));
   EXPECT_EQ(visible_gpus("GPU-8f2c1e4a-0b1d-4c2e,MIG-1a2b", 0), (V{"GPU-8f2c1e4a-0b1d-4c2e", "MIG-1a2b"}));
