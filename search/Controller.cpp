@@ -25,6 +25,7 @@
 #include "common/ExitCodes.h"
 #include "common/TrainConfig.h"
 #include "search/OptunaBridge.h"
+#include "search/Slurm.h"
 #include "search/TrialEvent.h"
 #include "search/TrialLauncher.h"
 #include "studies/StudyStore.h"
@@ -86,6 +87,7 @@ bool trial_process_alive(int64_t pid, const std::string& trial_dir) {
 
 // Exit codes that would fail the same way again: retrying them wastes the budget.
 bool retryable(const TrialRecord& r) {
+  if (r.reason.rfind("queue timeout", 0) == 0) return false;
   return r.exit_code != exit_code::kUsage && r.exit_code != exit_code::kNonFinite &&
          r.reason.rfind("config", 0) != 0;
 }
@@ -104,24 +106,43 @@ struct RunningTrial {
   int64_t last_samples = 0;
   std::string label;
   std::vector<std::string> gpus;  // its GPU slot (empty: a CPU trial)
+  // Slurm (launcher.kind srun): its job, or its step of the controller's allocation, once known (squeue
+  // while it queues; the trainer's start event names both).
+  bool slurm = false, started = false;  // started: its first event arrived
+  std::string job_name, slurm_id;        // slurm_id: "12" or "12.3"
+  double launched = 0, next_slurm_poll = 0;
+  bool queue_timed_out = false, interrupted = false, no_retry = false;
+
+  RunningTrial() = default;
+  RunningTrial(const RunningTrial&) = delete;
+  RunningTrial& operator=(const RunningTrial&) = delete;
+  // Dropped while still running (the controller is failing): a Slurm job is cancelled by id, since killing
+  // srun alone can leave the job allocated; the TrialProcess then kills the local process group.
+  ~RunningTrial() {
+    if (slurm && !slurm_id.empty() && proc && !proc->exit_code()) slurm_cancel(slurm_id);
+  }
 };
 
 // Ctrl-C / SIGTERM: the first one drains (no new trials; running ones finish and are recorded), a second
 // one stops at once (default action: the trials die with us and resume re-queues them).
-volatile sig_atomic_t g_stop_signal = 0;
+// A second one stops the running trials the graceful way (SIGTERM, or scancel --signal=TERM under Slurm,
+// killed after the grace period), records them and exits; a third one kills the controller at once.
+volatile sig_atomic_t g_stop_signal = 0, g_stop_now = 0;
 extern "C" void on_stop_signal(int sig) {
-  if (g_stop_signal) {
+  if (g_stop_now) {
     signal(sig, SIG_DFL);
     raise(sig);
     return;
   }
-  g_stop_signal = sig;
+  if (g_stop_signal) g_stop_now = sig;
+  else g_stop_signal = sig;
 }
 
 struct StopSignals {
   struct sigaction old_int {}, old_term {};
   StopSignals() {
     g_stop_signal = 0;
+    g_stop_now = 0;
     struct sigaction sa {};
     sa.sa_handler = on_stop_signal;
     sigemptyset(&sa.sa_mask);
@@ -150,17 +171,32 @@ class StudyRun {
     recover_dead_controller();
     base_ = c_.base();
     int cores = o_.cores > 0 ? o_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads_ = std::max(1, cores / c_.parallel);
+    threads_ = cpus_per_rank(c_.launcher, c_.parallel, cores);
     // GPU trials keep the same CPU-thread share: the trainer's host side (data, launches) still uses them.
     say("study " + c_.name + ": " + std::to_string(c_.n_trials) + " trials, " + std::to_string(c_.parallel) +
         " in parallel, " + std::to_string(threads_) + " threads each" +
+        (c_.launcher.ranks > 1 ? " of " + std::to_string(c_.launcher.ranks) + " ranks" : std::string()) +
+        (slurm() ? (alloc_.inside ? ", as steps of Slurm job " + alloc_.job_id : std::string(", as Slurm jobs"))
+                 : std::string()) +
         (c_.launcher.gpus_per_trial > 0 ? " and " + std::to_string(c_.launcher.gpus_per_trial) + " of GPUs " +
                                               join_gpu_ids(gpus_)
                                         : std::string()) +
         ", objective " + c_.objectives[0] + " (" + c_.directions[0] + ")");
     StopSignals stop_signals;
-    bool draining = false;
+    bool draining = false, stopping = false;
     for (;;) {
+      if (g_stop_now && !stopping) {
+        stopping = draining = true;
+        say("stopping " + std::to_string(running_.size()) + " running trial(s) now" +
+            (slurm() ? " (scancel --signal=TERM" : " (SIGTERM") + ", killed after " + fmt(o_.kill_grace_s) +
+            " s; signal a third time to kill the controller at once)");
+        for (auto& r : running_) {
+          if (r->term_sent > 0) continue;
+          r->interrupted = true;
+          r->rec.reason = "interrupted: the controller was told to stop now (second signal)";
+          stop_trial(*r);
+        }
+      }
       if (g_stop_signal && !draining) {
         draining = true;
         say(std::string(g_stop_signal == SIGINT ? "interrupted" : "terminated") + ": no new trials; waiting for " +
@@ -257,6 +293,7 @@ class StudyRun {
         else bridge_->tell_fail(rec.number);
         continue;
       }
+      if (slurm()) cancel_leftover_job(info.number, info.user_attrs);
       if (trial_process_alive(rec.pid, rec.trial_dir)) {
         kill(-static_cast<pid_t>(rec.pid), SIGKILL);
         say("trial " + std::to_string(rec.number) + ": killed its leftover process " + std::to_string(rec.pid));
@@ -278,6 +315,22 @@ class StudyRun {
       rec.reason = "controller died";
       rec.end_time = now_s();
       store_.update_trial(rec);
+    }
+  }
+
+  // A dead controller's srun trial: its job may outlive srun (a SIGKILLed srun leaves the allocation), so
+  // it is cancelled by the id stored with the trial, and by its per-trial name when the id never arrived.
+  void cancel_leftover_job(int64_t number, const std::map<std::string, std::string>& attrs) {
+    auto id = attrs.find("bs_slurm_job");
+    if (id != attrs.end() && slurm_cancel(id->second))
+      say("trial " + std::to_string(number) + ": cancelled its leftover Slurm job " + id->second);
+    if (!alloc_.inside && c_.launcher.job_name.find("{trial}") != std::string::npos) {
+      const std::string name = slurm_job_name(c_.launcher.job_name, c_.name, number);
+      if (auto job = slurm_find_job(name); job && (job->state == "PENDING" || job->state == "RUNNING" ||
+                                                   job->state == "SUSPENDED" || job->state == "COMPLETING")) {
+        slurm_cancel(job->id);
+        say("trial " + std::to_string(number) + ": cancelled its leftover Slurm job " + job->id + " (" + name + ")");
+      }
     }
   }
 
@@ -351,7 +404,10 @@ class StudyRun {
     std::string config_path = rec.trial_dir + "/config.yaml";
     std::ofstream(config_path) << rec.config_yaml;
     r->gpus = slots_.acquire();  // never runs out: parallel x gpus_per_trial <= GPUs was checked at start
-    LaunchSpec spec = trainer_launch(c_.launcher, o_.trainer_exe, config_path, threads_, rec.trial_dir, r->gpus);
+    r->slurm = slurm();
+    if (r->slurm) r->job_name = slurm_job_name(c_.launcher.job_name, c_.name, a.number);
+    LaunchSpec spec =
+        trainer_launch(c_.launcher, o_.trainer_exe, config_path, threads_, rec.trial_dir, r->gpus, r->job_name);
     try {
       r->proc = std::make_unique<TrialProcess>(spec);
     } catch (const std::exception& e) {
@@ -369,11 +425,11 @@ class StudyRun {
     // and so do Optuna's own tools (user_attrs_bs_gpus in trials_dataframe()).
     if (!r->gpus.empty()) bridge_->set_user_attr(rec.number, "bs_gpus", join_gpu_ids(r->gpus));
     r->eval_every = std::max<int64_t>(1, static_cast<int64_t>(number_at(rec.config_yaml, "target.eval_every_samples")));
-    r->last_event = now_s();
+    r->last_event = r->launched = now_s();
     r->label = "trial " + std::to_string(rec.number) + " (" + value_at(rec.config_yaml, "optimizer.name") +
                " b=" + value_at(rec.config_yaml, "batch.global") + " lr=" +
                fmt(number_at(rec.config_yaml, "optimizer.lr"), 3) + ")";
-    say(r->label + ": started, pid " + std::to_string(rec.pid) +
+    say(r->label + ": started, pid " + std::to_string(rec.pid) + (r->slurm ? ", Slurm job name " + r->job_name : "") +
         (r->gpus.empty() ? "" : ", GPUs " + join_gpu_ids(r->gpus)) +
         (rec.attempt > 1 ? ", retry of trial " + std::to_string(rec.retry_of) : ""));
     running_.push_back(std::move(r));
@@ -391,6 +447,7 @@ class StudyRun {
     auto ev = parse_trial_event(line);
     if (!ev) return;
     r.last_event = now_s();
+    r.started = true;
     const int64_t n = r.rec.number;
     if (ev->kind == "eval") {
       EvalPoint e;
@@ -419,6 +476,9 @@ class StudyRun {
       p.step_seconds = ev->number("step_seconds");
       store_.add_throughput(p);
     } else if (ev->kind == "start") {
+      auto job = ev->strings.find("slurm_job_id"), step = ev->strings.find("slurm_step_id");
+      if (r.slurm && job != ev->strings.end() && !job->second.empty())
+        set_slurm_id(r, alloc_.inside && step != ev->strings.end() ? job->second + "." + step->second : job->second);
       // What `device`/`precision: auto` resolved to on the trial's machine: the stored (and exported)
       // config then states exactly what ran.
       auto device = ev->strings.find("device"), precision = ev->strings.find("precision");
@@ -451,25 +511,71 @@ class StudyRun {
     if (bridge_->should_prune(r.rec.number)) {
       r.prune_requested = true;
       r.rec.reason = "pruned at " + std::to_string(e.samples) + " samples (accuracy " + fmt(e.mlm_accuracy, 4) + ")";
-      r.proc->signal_group(SIGTERM);
-      r.term_sent = now_s();
+      stop_trial(r);
       say(r.label + ": " + r.rec.reason);
     }
   }
 
+  bool slurm() const { return c_.launcher.kind == "srun"; }
+
+  void set_slurm_id(RunningTrial& r, const std::string& id) {
+    if (id.empty() || id == r.slurm_id) return;
+    r.slurm_id = id;
+    // With the trial, like its GPUs: `study status` shows it and resume cancels the job by it.
+    bridge_->set_user_attr(r.rec.number, "bs_slurm_job", id);
+  }
+
+  // Its own job's id from squeue, while the trial has not said it (queued, or starting up).
+  void find_slurm_job(RunningTrial& r) {
+    if (alloc_.inside || !r.slurm_id.empty()) return;
+    if (auto job = slurm_find_job(r.job_name)) set_slurm_id(r, job->id);
+  }
+
+  // The graceful stop of prune, timeout and a second signal: the trainer gets SIGTERM (under Slurm from
+  // `scancel --signal=TERM`, since srun would answer a SIGTERM of its own by killing the task), saves its
+  // checkpoint and exits 6; enforce_limits() kills it after the grace period.
+  void stop_trial(RunningTrial& r) {
+    r.term_sent = now_s();
+    if (r.slurm) {
+      find_slurm_job(r);
+      if (!r.slurm_id.empty()) {
+        if (r.started ? slurm_signal(r.slurm_id, "TERM") : slurm_cancel(r.slurm_id)) return;
+      }
+    }
+    r.proc->signal_group(SIGTERM);
+  }
+
+  void force_stop(RunningTrial& r) {
+    if (r.slurm && !r.slurm_id.empty()) slurm_cancel(r.slurm_id);
+    r.proc->signal_group(SIGKILL);
+    r.killed = true;
+  }
+
   void enforce_limits(RunningTrial& r) {
     double t = now_s();
-    if (c_.trial_timeout > 0 && !r.timed_out && !r.prune_requested && t - r.last_event > c_.trial_timeout) {
+    if (r.slurm && !r.started) {
+      // Queued (or starting): the trial timeout does not run yet; launcher.queue_timeout does.
+      if (t >= r.next_slurm_poll) {
+        find_slurm_job(r);
+        r.next_slurm_poll = t + 2;
+      }
+      const double limit = c_.launcher.queue_timeout;
+      if (limit > 0 && r.term_sent == 0 && t - r.launched > limit) {
+        r.queue_timed_out = true;
+        std::string state;
+        if (!alloc_.inside && !r.slurm_id.empty())
+          if (auto job = slurm_job(r.slurm_id)) state = " (Slurm job " + job->id + ": " + job->state + ", reason " + job->reason + ")";
+        r.rec.reason = "queue timeout: no event within launcher.queue_timeout = " + fmt(limit) + " s of launch" + state;
+        say(r.label + ": " + r.rec.reason + "; cancelling it");
+        stop_trial(r);
+      }
+    } else if (c_.trial_timeout > 0 && !r.timed_out && r.term_sent == 0 && t - r.last_event > c_.trial_timeout) {
       r.timed_out = true;
       r.rec.reason = "timeout: no event for " + fmt(c_.trial_timeout) + " s";
-      r.proc->signal_group(SIGTERM);
-      r.term_sent = t;
       say(r.label + ": " + r.rec.reason + "; stopping it");
+      stop_trial(r);
     }
-    if (r.term_sent > 0 && !r.killed && t - r.term_sent > o_.kill_grace_s) {
-      r.proc->signal_group(SIGKILL);
-      r.killed = true;
-    }
+    if (r.term_sent > 0 && !r.killed && t - r.term_sent > o_.kill_grace_s) force_stop(r);
   }
 
   std::vector<double> objective_values(const RunningTrial& r) const {
@@ -508,7 +614,7 @@ class StudyRun {
       rec.state = trial_state::kPruned;
       store_.update_trial(rec);
       bridge_->tell_pruned(rec.number);
-    } else if (!r.timed_out && code == exit_code::kOk && r.done) {
+    } else if (!r.timed_out && !r.queue_timed_out && !r.interrupted && code == exit_code::kOk && r.done) {
       rec.state = trial_state::kComplete;
       rec.reason.clear();
       rec.values = objective_values(r);
@@ -516,14 +622,15 @@ class StudyRun {
       bridge_->tell_complete(rec.number, rec.values);
     } else {
       rec.state = trial_state::kFail;
-      if (!r.timed_out) {
+      if (!r.timed_out && !r.queue_timed_out && !r.interrupted) {
         rec.reason = code == exit_code::kOk ? "exit 0 without a done event" : describe_exit(code);
         std::string last = last_line_of(rec.trial_dir + "/stderr.log");
         if (!last.empty() && code != exit_code::kOk) rec.reason += ": " + last;
+        if (r.slurm && code != exit_code::kOk) slurm_reason(r);
       }
       store_.update_trial(rec);
       bridge_->tell_fail(rec.number);
-      maybe_retry(rec, r.params);
+      if (!r.no_retry) maybe_retry(rec, r.params);
     }
     std::string what = rec.state;
     if (rec.state == trial_state::kComplete)
@@ -531,6 +638,30 @@ class StudyRun {
     else
       what += ": " + rec.reason;
     say(r.label + ": " + what + progress());
+  }
+
+  // A srun trial's failure in Slurm's words (job state, slurmstepd's and srun's lines) instead of the last
+  // stderr line; a time limit, an OOM kill, a cancel or a launch error is not retried.
+  void slurm_reason(RunningTrial& r) {
+    std::optional<SlurmJob> job;
+    if (!alloc_.inside) {
+      find_slurm_job(r);
+      if (!r.slurm_id.empty()) job = slurm_job(r.slurm_id);
+    }
+    auto f = slurm_failure(job, file_tail(r.rec.trial_dir + "/stderr.log"));
+    if (!f) return;
+    std::string reason = f->reason;
+    if (!job && !r.slurm_id.empty()) reason += " [" + std::string(alloc_.inside ? "step " : "job ") + r.slurm_id + "]";
+    r.rec.reason = reason + " (" + describe_exit(r.rec.exit_code) + ")";
+    r.no_retry = !f->retryable;
+  }
+
+  static std::string file_tail(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    in.seekg(0, std::ios::end);
+    const std::streamoff size = in.tellg();
+    in.seekg(std::max<std::streamoff>(0, size - 65536));
+    return std::string((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   }
 
   void maybe_retry(TrialRecord& rec, const std::map<std::string, ParamValue>& params) {
@@ -563,6 +694,7 @@ class StudyRun {
   int threads_ = 1;
   std::vector<std::string> gpus_;  // every GPU trials may get (empty: CPU trials)
   GpuSlots slots_;
+  SlurmAllocation alloc_ = current_slurm_allocation();  // trials are steps of it when inside
   std::list<std::unique_ptr<RunningTrial>> running_;
 };
 
@@ -586,6 +718,11 @@ int Controller::run() {
   // resumed one alike, before anything is written or any trial starts.
   std::vector<std::string> gpus = launcher_gpus(config_.launcher);
   check_gpu_fit(config_.launcher, config_.parallel, gpus, config_.source);
+  // So is what Slurm can grant: an impossible request is a config error now, not a trial queued forever.
+  if (config_.launcher.kind == "srun") {
+    const int cores = options_.cores > 0 ? options_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    check_slurm_request(config_.launcher, cpus_per_rank(config_.launcher, config_.parallel, cores), config_.source);
+  }
   std::string dir = study_dir();
   fs::create_directories(dir + "/trials");
   // One controller per study: a second one would launch the same trials twice. The lock dies with us.
@@ -616,17 +753,20 @@ StudyConfig load_stored_study(const std::string& dir, const std::string& name) {
 }
 
 namespace {
-// Each trial's GPU assignment (the bs_gpus user attribute the controller sets), read from Optuna's tables
-// without starting Python; empty for a CPU-only study or a file whose Optuna tables are not there yet.
-std::map<int64_t, std::string> stored_trial_gpus(const std::string& db_path, const std::string& study_name) {
+// A user attribute the controller sets on each trial (bs_gpus: its GPUs; bs_slurm_job: its Slurm job or
+// step), read from Optuna's tables without starting Python; empty when no trial has it or the file's Optuna
+// tables are not there yet.
+std::map<int64_t, std::string> stored_trial_attr(const std::string& db_path, const std::string& study_name,
+                                                 const std::string& key) {
   std::map<int64_t, std::string> out;
   try {
     auto db = StudyStore::open_read_only(db_path);
     SQLite::Statement q(*db,
                         "SELECT t.number, a.value_json FROM trial_user_attributes a "
                         "JOIN trials t ON t.trial_id = a.trial_id JOIN studies s ON s.study_id = t.study_id "
-                        "WHERE a.key = 'bs_gpus' AND s.study_name = ?");
-    q.bind(1, study_name);
+                        "WHERE a.key = ? AND s.study_name = ?");
+    q.bind(1, key);
+    q.bind(2, study_name);
     while (q.executeStep()) {
       std::string v = q.getColumn(1).getString();  // JSON text: "\"0,1\""
       if (v.size() >= 2 && v.front() == '"' && v.back() == '"') v = v.substr(1, v.size() - 2);
@@ -641,7 +781,8 @@ std::map<int64_t, std::string> stored_trial_gpus(const std::string& db_path, con
 std::string study_status_text(const std::string& dir, const std::string& name) {
   StudyConfig c = load_stored_study(dir, name);
   StudyStore store(search::study_dir(dir, name) + "/study.db", StudyStore::Mode::kReadOnly);
-  const auto gpus = stored_trial_gpus(store.path(), name);
+  const auto gpus = stored_trial_attr(store.path(), name, "bs_gpus");
+  const auto jobs = stored_trial_attr(store.path(), name, "bs_slurm_job");
   auto trials = store.trials();
   bool maximize = c.directions[0] == "maximize";
   auto rank = [](const std::string& s) {
@@ -663,6 +804,7 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
      << "reached";
   for (const auto& k : keys) os << " " << std::setw(std::max<int>(10, k.size())) << k;
   if (!gpus.empty()) os << " " << std::setw(8) << "gpus";
+  if (!jobs.empty()) os << " " << std::setw(10) << "slurm_job";
   os << "  reason\n";
   std::map<std::string, int> counts;
   for (const auto& t : trials) {
@@ -678,6 +820,10 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
     if (!gpus.empty()) {
       auto g = gpus.find(t.number);
       os << " " << std::setw(8) << (g == gpus.end() ? std::string("-") : g->second);
+    }
+    if (!jobs.empty()) {
+      auto j = jobs.find(t.number);
+      os << " " << std::setw(10) << (j == jobs.end() ? std::string("-") : j->second);
     }
     os << "  " << (t.reason.size() > 60 ? t.reason.substr(0, 60) + "..." : t.reason) << "\n";
   }

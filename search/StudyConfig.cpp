@@ -3,6 +3,7 @@
 #include <yaml-cpp/yaml.h>
 
 #include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -51,6 +52,19 @@ std::string one_of(const YAML::Node& n, const std::string& key, const std::strin
   }
   return v;
 }
+
+// A string key whose value must match `re` (it becomes one argument of srun).
+std::string matching(const YAML::Node& n, const std::string& key, const std::string& source, const char* re,
+                     const char* what) {
+  std::string v = scalar(n, key, source);
+  if (!std::regex_match(v, std::regex(re)))
+    throw ConfigError(where(n, source) + ": '" + key + "' is '" + v + "'; it must be " + what);
+  return v;
+}
+
+const std::string kLauncherKeys =
+    "kind, ranks, hostfile, extra_args, gpus_per_trial, gpus, cpus_per_trial, nodes, ranks_per_node, partition, "
+    "time_limit, mpi, job_name, queue_timeout";
 
 std::string join_ids(const std::vector<std::string>& ids) {
   std::string out;
@@ -268,7 +282,7 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
   if (YAML::Node l = node["launcher"]) {
     if (!l.IsMap())
       throw ConfigError(where(l, source) +
-                        ": 'launcher' must be a mapping {kind, ranks, hostfile, extra_args, gpus_per_trial, gpus}");
+                        ": 'launcher' must be a mapping {" + kLauncherKeys + "}");
     for (const auto& kv : l) {
       const std::string k = kv.first.Scalar();
       if (k == "kind") c.launcher.kind = one_of(kv.second, "launcher.kind", source, {"local", "mpirun", "srun"});
@@ -294,10 +308,54 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
                               " twice; list each GPU once (two trials must never share a GPU)");
           c.launcher.gpus.push_back(id);
         }
+      } else if (k == "cpus_per_trial") {
+        c.launcher.cpus_per_trial = static_cast<int>(integer(kv.second, "launcher.cpus_per_trial", source, 1));
+      } else if (k == "nodes") {
+        c.launcher.nodes = static_cast<int>(integer(kv.second, "launcher.nodes", source, 1));
+      } else if (k == "ranks_per_node") {
+        c.launcher.ranks_per_node = static_cast<int>(integer(kv.second, "launcher.ranks_per_node", source, 1));
+      } else if (k == "partition") {
+        c.launcher.partition = matching(kv.second, "launcher.partition", source, "[A-Za-z0-9_.,-]+",
+                                        "a partition name, or several separated by commas");
+      } else if (k == "time_limit") {
+        c.launcher.time_limit = matching(kv.second, "launcher.time_limit", source,
+                                         "([0-9]+-)?[0-9]+(:[0-9]+){0,2}|UNLIMITED|unlimited|INFINITE|infinite",
+                                         "Slurm's --time format: minutes, MM:SS, HH:MM:SS or D-HH[:MM[:SS]]");
+      } else if (k == "mpi") {
+        c.launcher.mpi = matching(kv.second, "launcher.mpi", source, "[a-z0-9_]+",
+                                  "an srun --mpi plugin such as pmix, pmi2 or none (`srun --mpi=list`)");
+      } else if (k == "job_name") {
+        c.launcher.job_name = matching(kv.second, "launcher.job_name", source, "[A-Za-z0-9_.{}-]+",
+                                       "letters, digits, '_', '.', '-', with {study} and {trial} filled in");
+      } else if (k == "queue_timeout") {
+        ParamValue v = parse_scalar(scalar(kv.second, "launcher.queue_timeout", source));
+        double t = std::holds_alternative<int64_t>(v) ? double(std::get<int64_t>(v))
+                   : std::holds_alternative<double>(v) ? std::get<double>(v) : -1;
+        if (!(t >= 0) || !std::isfinite(t))
+          throw ConfigError(where(kv.second, source) + ": 'launcher.queue_timeout' must be seconds >= 0 (0: none), "
+                            "got '" + kv.second.Scalar() + "'");
+        c.launcher.queue_timeout = t;
       } else
-        throw ConfigError(where(kv.first, source) + ": unknown key 'launcher." + k +
-                          "' (known: kind, ranks, hostfile, extra_args, gpus_per_trial, gpus)");
+        throw ConfigError(where(kv.first, source) + ": unknown key 'launcher." + k + "' (known: " + kLauncherKeys + ")");
     }
+    const bool slurm = c.launcher.kind == "srun";
+    for (const char* k : {"nodes", "ranks_per_node", "partition", "time_limit", "mpi", "job_name", "queue_timeout"})
+      if (l[k] && !slurm)
+        throw ConfigError(where(l[k], source) + ": 'launcher." + k + "' is a Slurm key; it needs launcher.kind: "
+                          "srun (the launcher is " + c.launcher.kind + ")");
+    if (c.launcher.cpus_per_trial > 0 && c.launcher.cpus_per_trial % std::max(1, c.launcher.ranks) != 0)
+      throw ConfigError(where(l["cpus_per_trial"], source) + ": launcher.cpus_per_trial (" +
+                        std::to_string(c.launcher.cpus_per_trial) + ") must be a multiple of launcher.ranks (" +
+                        std::to_string(c.launcher.ranks) + "): each rank gets cpus_per_trial / ranks CPUs");
+    if (c.launcher.nodes > 0 && c.launcher.nodes > c.launcher.ranks)
+      throw ConfigError(where(l["nodes"], source) + ": launcher.nodes (" + std::to_string(c.launcher.nodes) +
+                        ") is more than launcher.ranks (" + std::to_string(c.launcher.ranks) +
+                        "): every node needs at least one rank");
+    if (c.launcher.ranks_per_node > 0 && c.launcher.nodes > 0 &&
+        c.launcher.ranks_per_node * c.launcher.nodes != c.launcher.ranks)
+      throw ConfigError(where(l["ranks_per_node"], source) + ": launcher.nodes (" + std::to_string(c.launcher.nodes) +
+                        ") x ranks_per_node (" + std::to_string(c.launcher.ranks_per_node) +
+                        ") must equal launcher.ranks (" + std::to_string(c.launcher.ranks) + ")");
     const int per_trial = c.launcher.gpus_per_trial;
     if (per_trial > 0) {
       // The GPUs listed here are checked now; those found on the machine (no `gpus:`) when the controller starts.
@@ -378,6 +436,16 @@ void StudyConfig::emit(YAML::Emitter& out, bool full) const {
       for (const auto& g : launcher.gpus) out << std::stoi(g);
       out << YAML::EndSeq;
     }
+    // Slurm keys only when set, so that a stored study from before them reads back the same.
+    const LauncherConfig def;
+    if (launcher.cpus_per_trial > 0) out << YAML::Key << "cpus_per_trial" << YAML::Value << launcher.cpus_per_trial;
+    if (launcher.nodes > 0) out << YAML::Key << "nodes" << YAML::Value << launcher.nodes;
+    if (launcher.ranks_per_node > 0) out << YAML::Key << "ranks_per_node" << YAML::Value << launcher.ranks_per_node;
+    if (!launcher.partition.empty()) out << YAML::Key << "partition" << YAML::Value << launcher.partition;
+    if (!launcher.time_limit.empty()) out << YAML::Key << "time_limit" << YAML::Value << launcher.time_limit;
+    if (!launcher.mpi.empty()) out << YAML::Key << "mpi" << YAML::Value << launcher.mpi;
+    if (launcher.job_name != def.job_name) out << YAML::Key << "job_name" << YAML::Value << launcher.job_name;
+    if (launcher.queue_timeout > 0) out << YAML::Key << "queue_timeout" << YAML::Value << launcher.queue_timeout;
     out << YAML::EndMap;
   }
   out << YAML::EndMap;

@@ -24,6 +24,15 @@ struct LauncherConfig {
   // The GPU ids trials are placed on (canonical decimal text); empty: every GPU the controller sees
   // (visible_gpus() in TrialLauncher.h). Under srun these are ids within the Slurm allocation.
   std::vector<std::string> gpus;
+  // Slurm (kind: srun; search/Slurm.h). cpus_per_trial also sets the threads of local/mpirun trials' ranks.
+  int cpus_per_trial = 0;      // CPUs of one trial, split evenly between its ranks; 0: the CPUs there are / parallel
+  int nodes = 0;               // srun --nodes; 0: not passed
+  int ranks_per_node = 0;      // srun --ntasks-per-node; 0: not passed
+  std::string partition;       // srun --partition; empty: the cluster's default
+  std::string time_limit;      // srun --time, in Slurm's format (minutes, MM:SS, HH:MM:SS, D-HH[:MM]); empty: none
+  std::string mpi;             // srun --mpi; empty: pmix when ranks > 1, else not passed
+  std::string job_name = "bs-{study}-{trial}";  // {study}, {trial} (4 digits) are filled in
+  double queue_timeout = 0;    // srun: seconds from launch to the trial's first event (queue + start); 0: none
 };
 
 struct StudyConfig {

@@ -16,6 +16,7 @@
 
 #include "common/ExitCodes.h"
 #include "common/TrainConfig.h"
+#include "search/Slurm.h"
 
 extern char** environ;
 
@@ -24,7 +25,8 @@ namespace bs::search {
 namespace fs = std::filesystem;
 
 LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe, const std::string& config_path,
-                          int threads, const std::string& trial_dir, const std::vector<std::string>& gpus) {
+                          int threads, const std::string& trial_dir, const std::vector<std::string>& gpus,
+                          const std::string& job_name) {
   LaunchSpec s;
   s.stdout_path = trial_dir + "/stdout.log";
   s.stderr_path = trial_dir + "/stderr.log";
@@ -45,18 +47,12 @@ LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe
     // Export to every rank (on every host): the thread counts and CUDA_VISIBLE_DEVICES.
     for (const auto& kv : s.env) s.argv.insert(s.argv.end(), {"-x", kv.first});
   } else if (launcher.kind == "srun") {
-    s.argv = {"srun", "--ntasks=" + std::to_string(launcher.ranks), "--cpus-per-task=" + t, "--kill-on-bad-exit=1"};
-    // srun forwards the whole environment (--export=ALL is its default), CUDA_VISIBLE_DEVICES included, and
-    // must also be asked for the GPUs: per task when they split evenly between the ranks, else per node.
-    // Under Slurm the ids are those of the job's allocation (and Slurm may renumber them inside a task's
-    // cgroup), so launcher.gpus lists ids within the allocation, not the host's.
-    if (!gpus.empty()) {
-      const int n = static_cast<int>(gpus.size()), ranks = std::max(1, launcher.ranks);
-      s.argv.push_back(n % ranks == 0 ? "--gpus-per-task=" + std::to_string(n / ranks)
-                                      : "--gres=gpu:" + std::to_string(n));
-    }
+    // srun forwards the whole environment (--export=ALL is its default), CUDA_VISIBLE_DEVICES included.
+    s.argv = {"srun"};
+    const auto opts = srun_options(launcher, threads, job_name.empty() ? "bertsweep" : job_name, gpus);
+    s.argv.insert(s.argv.end(), opts.begin(), opts.end());
   }
-  if (launcher.kind != "local") s.argv.insert(s.argv.end(), launcher.extra_args.begin(), launcher.extra_args.end());
+  if (launcher.kind == "mpirun") s.argv.insert(s.argv.end(), launcher.extra_args.begin(), launcher.extra_args.end());
   s.argv.insert(s.argv.end(), train.begin(), train.end());
   return s;
 }

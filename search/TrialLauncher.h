@@ -28,8 +28,10 @@ struct LaunchSpec {
 // `gpus`: the GPU ids given to this trial (GpuSlots::acquire); when any, the trial gets
 // CUDA_VISIBLE_DEVICES=<ids> (exported by mpirun -x; srun forwards the environment and is asked for the
 // GPUs with --gpus-per-task or --gres) and `--set device=cuda`. Without any, the environment is left alone.
+// Under srun, `threads` is also --cpus-per-task and `job_name` the job's name (srun_options() in Slurm.h).
 LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe, const std::string& config_path,
-                          int threads, const std::string& trial_dir, const std::vector<std::string>& gpus = {});
+                          int threads, const std::string& trial_dir, const std::vector<std::string>& gpus = {},
+                          const std::string& job_name = "");
 
 // The GPUs the controller can hand out when launcher.gpus is not given. `cuda_visible_devices`: the
 // controller's CUDA_VISIBLE_DEVICES (nullptr: unset), whose entries are kept as written (indices or

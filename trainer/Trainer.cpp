@@ -5,6 +5,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cmath>
 #include <filesystem>
 #include <functional>
@@ -37,6 +38,11 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 void on_stop_signal(int) { g_stop.store(true); }
+
+std::string env_or_empty(const char* name) {
+  const char* v = std::getenv(name);
+  return v ? v : "";
+}
 
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
@@ -282,7 +288,10 @@ TrainResult train(const TrainConfig& cfg_in, const TrainOptions& opt) {
                            .add("precision", precision.precision)
                            .add("precision_reason", precision.reason)
                            .add("parameters", model->num_parameters())
-                           .add("world", world));
+                           .add("world", world)
+                           // Under srun: the job and step the controller signals and cancels this trial by.
+                           .add("slurm_job_id", env_or_empty("SLURM_JOB_ID"))
+                           .add("slurm_step_id", env_or_empty("SLURM_STEP_ID")));
 
   // The MLPerf training 5.0.0 keys of a BERT run (mlperf_logging's compliance_checker/training_5.0.0).
   mllog.point("submission_benchmark", std::string("bert"));
