@@ -269,7 +269,8 @@ bool slurm_cancel_by_name(const std::string& name) {
 
 std::optional<SlurmFailure> slurm_failure(const std::optional<SlurmJob>& job, const std::string& stderr_text) {
   const auto lines = slurm_lines(stderr_text);
-  const std::string stepd = first_matching(lines, "***");  // slurmstepd: *** STEP 12.0 ON n CANCELLED AT ... ***
+  std::string stepd = first_matching(lines, "***");  // slurmstepd-n: error: *** STEP 12.0 ON n CANCELLED AT ... ***
+  if (!stepd.empty()) stepd = stepd.substr(stepd.find("***"));
   std::string state = job ? job->state : "";
   // Inside an allocation the job is the controller's: the step's fate is only in slurmstepd's line.
   if (state.empty() || state == "RUNNING" || state == "COMPLETING") {

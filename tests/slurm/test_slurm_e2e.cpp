@@ -1,0 +1,301 @@
+// Slurm as the cluster engine, against a real single-node Slurm (slurmctld, slurmd, munge) that CTest starts
+// before these tests (tests/slurm/slurm_cluster.sh; SLURM_CONF points at it): real srun trials of the real
+// trainer, scancel, a Slurm time limit, a SIGKILLed controller and srun, and an impossible request.
+#include <gtest/gtest.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+#include <thread>
+
+#include "common/ExitCodes.h"
+#include "reliability/ReliabilityUtil.h"
+#include "search/Slurm.h"
+
+using namespace bs;
+namespace fs = std::filesystem;
+
+namespace {
+
+// Skips the test (with the reason the cluster script wrote) where no test cluster runs.
+#define REQUIRE_SLURM_CLUSTER()                                                                       \
+  do {                                                                                                \
+    const std::string why = cluster_status();                                                         \
+    if (why != "up") GTEST_SKIP() << "no test Slurm cluster: " << why;                                \
+  } while (0)
+
+// The test cluster's folder (CTest's Slurm.ClusterStart starts it there); its slurm.conf becomes SLURM_CONF
+// of this process and so of every srun/squeue the controller runs.
+std::string cluster_status() {
+  const char* env = std::getenv("BERTSWEEP_SLURM_DIR");
+  const std::string dir = env ? env : BERTSWEEP_TEST_SLURM_DIR;
+  std::string s = test::read_file(dir + "/status");
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  if (s.empty()) return "tests/slurm/slurm_cluster.sh start " + dir + " did not run (run these tests through ctest)";
+  if (s == "up") setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
+  return s;
+}
+
+// A study of srun trials of bert-tiny on the small dataset with an unreachable target: every trial runs its
+// whole budget (768 samples, an eval every 256) unless stopped. The lr choices are stratified, so trials
+// take them in order: two that learn, then one that cannot (for the pruner).
+std::string write_study(const std::string& dir, const std::string& name, const std::string& extra = "") {
+  const std::string path = dir + "/" + name + ".yaml";
+  std::ofstream(path) << "name: " << name << "\nobjective: samples_to_target\nsampler: random\npruner: none\n"
+                      << "n_trials: 2\nparallel: 2\nseed: 5\n"
+                      << "base:\n  extends: " << test::source_dir() << "/configs/train/bert-tiny-brown.yaml\n"
+                      << "  data: {dir: " << test::small_brown_dataset() << ", eval_samples: 64}\n"
+                      << "  batch: {global: 32, micro: 32}\n  optimizer: {name: adamw}\n"
+                      << "  target: {mlm_accuracy: 0.99, max_samples: 768, eval_every_samples: 256}\n"
+                      << "space:\n  optimizer.lr: {choice: [0.02, 0.015, 1.0e-9]}\nstratify: [optimizer.lr]\n"
+                      << "launcher: {kind: srun}\n"
+                      << extra;
+  return path;
+}
+
+std::vector<std::string> study_run(const std::string& file, const std::string& dir,
+                                   const std::vector<std::string>& sets = {}) {
+  std::vector<std::string> a = {test::bertsweep_bin(), "study", "run", "--config", file, "--dir", dir};
+  for (const auto& s : sets) a.insert(a.end(), {"--set", s});
+  return a;
+}
+
+// This user's jobs of the test cluster whose name starts with `prefix` and that still hold or wait for CPUs.
+std::vector<std::string> live_jobs(const std::string& prefix) {
+  auto r = search::run_command({"squeue", "--noheader", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING",
+                                "--format=%i %j %T"});
+  std::vector<std::string> out;
+  std::istringstream in(r.out);
+  for (std::string id, name, state; in >> id >> name >> state;)
+    if (name.rfind(prefix, 0) == 0) out.push_back(id + " " + name + " " + state);
+  return out;
+}
+
+std::string joined(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += x + "; ";
+  return s;
+}
+
+std::string slurm_job_attr(const std::string& db, int64_t trial) {
+  SQLite::Database d(db, SQLite::OPEN_READONLY);
+  SQLite::Statement q(d, "SELECT a.value_json FROM trial_user_attributes a JOIN trials t ON t.trial_id = a.trial_id "
+                         "WHERE a.key = 'bs_slurm_job' AND t.number = ?");
+  q.bind(1, static_cast<int64_t>(trial));
+  if (!q.executeStep()) return "";
+  std::string v = q.getColumn(0).getString();
+  return v.size() >= 2 ? v.substr(1, v.size() - 2) : v;
+}
+
+bool running_with_evals(const std::string& db, int64_t n, std::size_t evals) {
+  StudyStore s(db, StudyStore::Mode::kReadOnly);
+  auto t = s.trial(n);
+  return t && t->state == trial_state::kRunning && s.evals(n).size() >= evals;
+}
+
+bool has_checkpoint(const std::string& dir) {
+  if (!fs::is_directory(dir)) return false;
+  for (const auto& e : fs::directory_iterator(dir))
+    if (e.path().filename().string().rfind("checkpoint-", 0) == 0) return true;
+  return false;
+}
+
+}  // namespace
+
+// Two srun trials run at once as Slurm jobs of one CPU each (2 CPUs / parallel 2), complete, and keep their
+// job ids; `study status` shows them, and no job is left.
+TEST(SlurmE2E, SrunTrialsCompleteAsJobsAndKeepTheirJobIds) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-ok");
+  const std::string file = write_study(dir, "sok");
+  auto r = test::run(study_run(file, dir), 400);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.err.find("as Slurm jobs"), std::string::npos) << r.err;
+  StudyStore store(dir + "/sok/study.db", StudyStore::Mode::kReadOnly);
+  ASSERT_EQ(store.trials().size(), 2u);
+  std::set<std::string> ids;
+  for (const auto& t : store.trials()) {
+    EXPECT_EQ(t.state, trial_state::kComplete) << t.reason;
+    const std::string id = slurm_job_attr(store.path(), t.number);
+    EXPECT_TRUE(std::regex_match(id, std::regex("[0-9]+"))) << "trial " << t.number << ": '" << id << "'";
+    ids.insert(id);
+    // The job's own record: the name the controller gave it and the CPUs it asked for.
+    auto job = search::run_command({"scontrol", "--oneliner", "show", "job", id});
+    EXPECT_NE(job.out.find("JobName=bs-sok-000" + std::to_string(t.number)), std::string::npos) << job.out;
+    EXPECT_NE(job.out.find("NumCPUs=1"), std::string::npos) << job.out;
+    EXPECT_NE(test::read_file(t.trial_dir + "/config.yaml").find("threads: 1"), std::string::npos);
+  }
+  EXPECT_EQ(ids.size(), 2u);
+  auto status = test::run({test::bertsweep_bin(), "study", "status", "sok", "--dir", dir});
+  EXPECT_NE(status.out.find("slurm_job"), std::string::npos) << status.out;
+  for (const auto& id : ids) EXPECT_NE(status.out.find(" " + id + " "), std::string::npos) << status.out;
+  EXPECT_TRUE(live_jobs("bs-sok-").empty()) << joined(live_jobs("bs-sok-"));
+  fs::remove_all(dir);
+}
+
+// A request Slurm can never grant (more CPUs than the cluster has; a partition it does not have) is a
+// config error before any trial: exit 2, Slurm's words and the keys to fix, no trial, no job.
+TEST(SlurmE2E, ImpossibleRequestIsAConfigErrorBeforeAnyTrial) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-impossible");
+  const std::string file = write_study(dir, "imp");
+  auto r = test::run(study_run(file, dir, {"launcher.cpus_per_trial=64"}), 120);
+  EXPECT_EQ(r.exit_code, exit_code::kUsage) << r.err;
+  EXPECT_NE(r.err.find("srun --test-only"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("Requested node configuration is not available"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("cpus_per_trial"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/imp/study.db")) << "a refused study wrote its file";
+  r = test::run(study_run(file, dir, {"launcher.partition=nosuchpartition"}), 120);
+  EXPECT_EQ(r.exit_code, exit_code::kUsage) << r.err;
+  EXPECT_NE(r.err.find("nosuchpartition"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("partition"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir + "/imp/study.db"));
+  EXPECT_TRUE(live_jobs("bs-imp-").empty()) << joined(live_jobs("bs-imp-"));
+  fs::remove_all(dir);
+}
+
+// A trial cancelled with scancel by someone, and one that runs into its Slurm time limit (1 minute), are
+// recorded with Slurm's reason and their job id and are not retried (they would end the same way); a study
+// whose every trial failed exits non-zero.
+TEST(SlurmE2E, CancelledAndTimedOutTrialsKeepSlurmsReasonAndJobId) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-fail");
+  const std::string file = write_study(dir, "sfail");
+  const std::string db = dir + "/sfail/study.db";
+  pid_t ctl = test::spawn(study_run(file, dir, {"launcher.time_limit=1", "retry_failed=2",
+                                                "base.target.max_samples=10000000"}),
+                          dir + "/controller.log");
+  ASSERT_TRUE(test::wait_for([&] { return running_with_evals(db, 0, 1) && running_with_evals(db, 1, 0); }, 240))
+      << test::read_file(dir + "/controller.log");
+  std::string job0;
+  ASSERT_TRUE(test::wait_for([&] { return !(job0 = slurm_job_attr(db, 0)).empty(); }, 30));
+  ASSERT_EQ(search::run_command({"scancel", job0}).exit_code, 0);
+  // Trial 1 runs on until Slurm's time limit (1 minute, checked every 30 s, then KillWait=2 s).
+  ASSERT_EQ(test::wait_exit(ctl, 400), exit_code::kStudy) << test::read_file(dir + "/controller.log");
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
+  auto trials = store.trials();
+  ASSERT_EQ(trials.size(), 2u) << "a cancelled or timed-out trial was retried";
+  const auto t0 = *store.trial(0), t1 = *store.trial(1);
+  EXPECT_EQ(t0.state, trial_state::kFail);
+  EXPECT_NE(t0.reason.find("CANCELLED"), std::string::npos) << t0.reason;
+  EXPECT_NE(t0.reason.find("job " + job0), std::string::npos) << t0.reason;
+  EXPECT_EQ(t1.state, trial_state::kFail);
+  EXPECT_NE(t1.reason.find("TIMEOUT"), std::string::npos) << t1.reason;
+  const std::string job1 = slurm_job_attr(db, 1);
+  ASSERT_FALSE(job1.empty());
+  EXPECT_NE(t1.reason.find("job " + job1), std::string::npos) << t1.reason;
+  EXPECT_NE(test::read_file(dir + "/controller.log").find("every trial failed"), std::string::npos);
+  EXPECT_TRUE(live_jobs("bs-sfail-").empty()) << joined(live_jobs("bs-sfail-"));
+  fs::remove_all(dir);
+}
+
+// A pruned trial and, after a second Ctrl-C, a running one are stopped the graceful way under srun: the
+// trainer's SIGTERM handler runs (exit 6, not srun's SIGKILL 137) and writes its checkpoint.
+TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-stop");
+  const std::string file = write_study(dir, "sstop");
+  // Pruning: trials 0 and 1 learn, trial 2 (lr 1e-9) cannot and is pruned at its first comparable eval.
+  auto r = test::run(study_run(file, dir, {"pruner=median", "n_trials=3", "parallel=1",
+                                           "base.checkpoint.dir=" + dir + "/ck-prune"}),
+                     600);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  {
+    StudyStore store(dir + "/sstop/study.db", StudyStore::Mode::kReadOnly);
+    auto t2 = store.trial(2);
+    ASSERT_TRUE(t2);
+    EXPECT_EQ(t2->state, trial_state::kPruned) << t2->reason;
+    EXPECT_EQ(t2->exit_code, exit_code::kTerminated) << "the pruned trial did not stop through its SIGTERM handler";
+    EXPECT_NE(test::read_file(t2->trial_dir + "/stderr.log").find("stopped by signal"), std::string::npos);
+    EXPECT_TRUE(has_checkpoint(dir + "/ck-prune")) << "the pruned trial wrote no checkpoint";
+  }
+  // Second signal: the running trial is stopped now, gracefully, and recorded.
+  const std::string db = dir + "/second/study.db";
+  pid_t ctl = test::spawn(study_run(file, dir, {"name=second", "n_trials=1", "parallel=1",
+                                                "base.target.max_samples=10000000",
+                                                "base.checkpoint.dir=" + dir + "/ck-second"}),
+                          dir + "/controller.log");
+  ASSERT_TRUE(test::wait_for([&] { return running_with_evals(db, 0, 1); }, 240))
+      << test::read_file(dir + "/controller.log");
+  kill(ctl, SIGINT);
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  kill(ctl, SIGINT);
+  EXPECT_EQ(test::wait_exit(ctl, 120), exit_code::kTerminated) << test::read_file(dir + "/controller.log");
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
+  auto t0 = store.trial(0);
+  ASSERT_TRUE(t0);
+  EXPECT_EQ(t0->state, trial_state::kFail);
+  EXPECT_EQ(t0->reason.rfind("interrupted", 0), 0u) << t0->reason;
+  EXPECT_EQ(t0->exit_code, exit_code::kTerminated) << t0->reason;
+  EXPECT_TRUE(has_checkpoint(dir + "/ck-second")) << "the stopped trial wrote no checkpoint";
+  EXPECT_TRUE(live_jobs("bs-second-").empty()) << joined(live_jobs("bs-second-"));
+  fs::remove_all(dir);
+}
+
+// The controller and its srun are SIGKILLed while a trial runs (the job then stays allocated, since nobody
+// ends it); `study resume` cancels the leftover job by its stored id, and no job of the study remains.
+TEST(SlurmE2E, KilledControllerLeavesNoJobBehindAfterResume) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-kill");
+  const std::string file = write_study(dir, "skill");
+  const std::string db = dir + "/skill/study.db";
+  pid_t ctl = test::spawn(study_run(file, dir, {"n_trials=1", "parallel=1", "base.target.max_samples=10000000"}),
+                          dir + "/controller.log");
+  ASSERT_TRUE(test::wait_for([&] { return running_with_evals(db, 0, 1) && !slurm_job_attr(db, 0).empty(); }, 240))
+      << test::read_file(dir + "/controller.log");
+  const std::string job0 = slurm_job_attr(db, 0);
+  const int64_t srun_pid = StudyStore(db, StudyStore::Mode::kReadOnly).trial(0)->pid;
+  kill(ctl, SIGKILL);
+  kill(-static_cast<pid_t>(srun_pid), SIGKILL);
+  test::wait_exit(ctl, 30);
+  std::this_thread::sleep_for(std::chrono::seconds(2));
+  ASSERT_FALSE(live_jobs("bs-skill-").empty()) << "the SIGKILLed srun took its job with it: nothing left to test";
+
+  // One trial: resume marks it failed ("controller died") and has nothing left to run (exit 7, every trial
+  // failed), after cancelling the job.
+  auto r = test::run({test::bertsweep_bin(), "study", "resume", "skill", "--dir", dir}, 300);
+  EXPECT_EQ(r.exit_code, exit_code::kStudy) << r.err;
+  EXPECT_NE(r.err.find("cancelled its leftover Slurm job " + job0), std::string::npos) << r.err;
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
+  EXPECT_EQ(store.trial(0)->state, trial_state::kFail);
+  EXPECT_EQ(store.trial(0)->reason, "controller died");
+  EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-skill-").empty(); }, 30)) << joined(live_jobs("bs-skill-"));
+  fs::remove_all(dir);
+}
+
+// `study submit`: the controller runs as an sbatch job and its srun trials as steps of that job; a second
+// submit while it runs is refused; submitting the finished study again resumes it (nothing left: exit 0).
+TEST(SlurmE2E, SubmitRunsTheControllerAsABatchJobWithTrialsAsSteps) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-submit");
+  const std::string file = write_study(dir, "ssub");
+  const std::vector<std::string> submit = {test::bertsweep_bin(), "study", "submit", "--config", file, "--dir", dir,
+                                           "--set", "base.target.max_samples=512", "--sbatch-args", "--time=10"};
+  auto r = test::run(submit, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string id = r.out.substr(0, r.out.find('\n'));
+  ASSERT_TRUE(std::regex_match(id, std::regex("[0-9]+"))) << r.out;
+  auto again = test::run(submit, 120);
+  EXPECT_EQ(again.exit_code, exit_code::kUsage) << again.err;
+  EXPECT_NE(again.err.find("already submitted: Slurm job " + id), std::string::npos) << again.err;
+  ASSERT_TRUE(test::wait_for([&] { return live_jobs("bs-ssub-controller").empty(); }, 300))
+      << joined(live_jobs("bs-ssub-"));
+  const std::string log = test::read_file(dir + "/ssub/controller-" + id + ".log");
+  EXPECT_NE(log.find("as steps of Slurm job " + id), std::string::npos) << log;
+  StudyStore store(dir + "/ssub/study.db", StudyStore::Mode::kReadOnly);
+  ASSERT_EQ(store.trials().size(), 2u) << log;
+  for (const auto& t : store.trials()) {
+    EXPECT_EQ(t.state, trial_state::kComplete) << t.reason;
+    EXPECT_EQ(slurm_job_attr(store.path(), t.number).rfind(id + ".", 0), 0u) << "not a step of the controller's job";
+  }
+  r = test::run(submit, 120);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string id2 = r.out.substr(0, r.out.find('\n'));
+  ASSERT_TRUE(test::wait_for([&] { return live_jobs("bs-ssub-controller").empty(); }, 300));
+  EXPECT_NE(test::read_file(dir + "/ssub/controller-" + id2 + ".log").find("done | 2 complete"), std::string::npos)
+      << test::read_file(dir + "/ssub/controller-" + id2 + ".log");
+  EXPECT_EQ(StudyStore(dir + "/ssub/study.db", StudyStore::Mode::kReadOnly).trials().size(), 2u);
+  fs::remove_all(dir);
+}
