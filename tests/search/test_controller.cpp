@@ -335,7 +335,7 @@ TEST(Controller, GpuLauncherKeysAreCheckedWithFileLineKeyAndFix) {
   EXPECT_NE(e.find("'launcher.gpus' must be a non-empty list"), std::string::npos) << e;
   e = config_error(kGpuStudy + "launcher:\n  kind: local\n  gpu_per_trial: 1\n");
   EXPECT_NE(e.find("g.yaml:9: unknown key 'launcher.gpu_per_trial' (known: kind, ranks, hostfile, extra_args, "
-                   "gpus_per_trial, gpus)"),
+                   "gpus_per_trial, gpus, cpus_per_trial, nodes"),
             std::string::npos) << e;
   // GPU trials run with device=cuda: a base that insists on the CPU, or a searched device, contradicts that.
   e = config_error(kGpuStudy + "launcher: {gpus_per_trial: 1}\n", {"base.device=cpu"});

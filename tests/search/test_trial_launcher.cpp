@@ -74,8 +74,10 @@ TEST(TrialLauncher, TrainerCommandIsAnArgumentVector) {
   srun.ranks = 2;
   s = trainer_launch(srun, "/x/bertsweep", "/c.yaml", 8, "/d");
   EXPECT_EQ(s.argv[0], "srun");
-  EXPECT_EQ(s.argv[1], "--ntasks=2");
-  EXPECT_EQ(s.argv[2], "--cpus-per-task=8");
+  EXPECT_EQ(s.argv[1], "--job-name=bertsweep");  // the controller passes bs-<study>-<trial>
+  EXPECT_EQ(s.argv[2], "--ntasks=2");
+  EXPECT_EQ(s.argv[3], "--cpus-per-task=8");
+  EXPECT_NE(std::find(s.argv.begin(), s.argv.end(), "--mpi=pmix"), s.argv.end());  // 2 ranks find each other
 }
 
 TEST(TrialLauncher, EventsOnFd3LogsAndEnvironment) {
