@@ -14,6 +14,7 @@
 #include <regex>
 #include <sstream>
 
+#include "common/Env.h"
 #include "common/ExitCodes.h"
 #include "common/TrainConfig.h"
 
@@ -88,12 +89,10 @@ CommandResult run_command(const std::vector<std::string>& argv, double timeout_s
 }
 
 namespace {
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  return end && *end == '\0' && x > 0 && x < 1 << 24 ? static_cast<int>(x) : fallback;
+// A count from Slurm's environment: a positive integer, else `fallback`.
+int env_count(const char* name, int fallback) {
+  const int64_t x = env_int(name, fallback);
+  return x > 0 && x < (1 << 24) ? static_cast<int>(x) : fallback;
 }
 
 std::string trim(std::string s) {
@@ -139,8 +138,8 @@ SlurmAllocation current_slurm_allocation() {
   if (!id || !*id) return a;
   a.inside = true;
   a.job_id = id;
-  a.cpus_on_node = env_int("SLURM_CPUS_ON_NODE", 0);
-  a.nodes = env_int("SLURM_JOB_NUM_NODES", env_int("SLURM_NNODES", 1));
+  a.cpus_on_node = env_count("SLURM_CPUS_ON_NODE", 0);
+  a.nodes = env_count("SLURM_JOB_NUM_NODES", env_count("SLURM_NNODES", 1));
   return a;
 }
 

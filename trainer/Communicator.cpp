@@ -11,6 +11,8 @@
 #include <sstream>
 #include <thread>
 
+#include "common/Env.h"
+
 namespace bs {
 
 #ifdef BERTSWEEP_WITH_NCCL
@@ -26,13 +28,6 @@ std::unique_ptr<Communicator> make_mpi_communicator(const DistributedConfig& cfg
 
 namespace {
 
-int env_int(const char* name, int fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  char* end = nullptr;
-  long x = std::strtol(v, &end, 10);
-  return (end && *end == '\0') ? int(x) : fallback;
-}
 
 // ---------------------------------------------------------------- none: one rank, everything is local.
 

@@ -10,18 +10,11 @@
 #include <filesystem>
 #include <thread>
 
+#include "common/Env.h"
+
 namespace bs {
 
 namespace {
-int64_t env_int(const char* name, int64_t fallback) {
-  const char* v = std::getenv(name);
-  if (!v || !*v) return fallback;
-  try {
-    return std::stoll(v);
-  } catch (...) {
-    return fallback;
-  }
-}
 
 std::string blas_library(bool& reference) {
   reference = false;
