@@ -57,6 +57,7 @@ int train_command(const Argv& argv) {
     std::cout << cfg.to_yaml_string();
     return exit_code::kOk;
   }
+  ensure_passive_openmp();  // from here on it computes; nothing is printed or written before this point
   TrainOptions opt;
   opt.events = args.get("events");
   opt.quiet = args.has("quiet");

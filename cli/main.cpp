@@ -35,15 +35,23 @@ exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 data error, 4 NaN/in
 // libgomp reads OMP_WAIT_POLICY once, when it loads: before main. Its default lets idle OpenMP workers spin,
 // and on few cores they steal the CPU from OpenBLAS's own threads (measured: 3.5x slower bert-tiny steps on
 // 2 cores). So the process re-executes itself once with a passive wait policy unless the user chose one.
-static void ensure_passive_openmp(char** argv) {
-  if (std::getenv("OMP_WAIT_POLICY") || std::getenv("BERTSWEEP_NO_REEXEC")) return;
+// A re-exec loads LibTorch and its ~300 libraries a second time (~0.8 s of CPU here), so it is done only
+// where it can matter: not for --help, --version or an unknown command, and `train` does it only once its
+// config has loaded (cli/TrainCommand.cpp): --print-config and config errors never compute.
+// (Setting the variable from .preinit_array instead does not work: glibc's own initialiser resets environ.)
+static char** g_argv = nullptr;
+
+namespace bs::cli {
+void ensure_passive_openmp() {
+  if (!g_argv || std::getenv("OMP_WAIT_POLICY") || std::getenv("BERTSWEEP_NO_REEXEC")) return;
   setenv("OMP_WAIT_POLICY", "passive", 1);
   setenv("BERTSWEEP_NO_REEXEC", "1", 1);
-  execv("/proc/self/exe", argv);  // on failure, go on with the default policy
+  execv("/proc/self/exe", g_argv);  // on failure, go on with the default policy
 }
+}  // namespace bs::cli
 
 int main(int argc, char** argv) {
-  ensure_passive_openmp(argv);
+  g_argv = argv;
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
     std::cout << kUsage;
@@ -53,6 +61,8 @@ int main(int argc, char** argv) {
     std::cout << "bertsweep " << BERTSWEEP_GIT_COMMIT << "\n";
     return 0;
   }
+  // `train` re-executes itself later, after its config has loaded.
+  if (args[0] == "data" || args[0] == "study" || args[0] == "report") bs::cli::ensure_passive_openmp();
   const std::string cmd = args[0];
   std::vector<std::string> rest(args.begin() + 1, args.end());
   try {

@@ -5,6 +5,13 @@
 // exit code, a message naming what is wrong, no LibTorch backtrace, and nothing it did not create changed:
 // a finished study, a prepared dataset and an unrelated file are fingerprinted before and after every case.
 // The counts printed at the end are the ones RELIABILITY.md reports.
+//
+// The campaign runs as kShards test cases (Shards/Campaign.<name>/0..3) so that `ctest -j` can run them beside
+// other tests. Every shard generates the whole, deterministic list of cases and runs its own share of it:
+// cases are dealt round-robin, except that cases sharing a prepared input (the two cases of a damaged dataset,
+// the damaged checkpoint sets made from one training run) form a group that goes to one shard, so each input
+// is still prepared once. Each shard has its own finished study, dataset and unrelated file (SetUp) and
+// prints its own counts: the shards' counts add up to the campaign's.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <yaml-cpp/yaml.h>
@@ -12,6 +19,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <map>
 #include <random>
 #include <set>
@@ -32,15 +40,23 @@ struct Case {
   int expected;                   // the documented exit code
   std::string needle;             // must appear in stderr
   double timeout_s = 60;
+  // Cases with the same group run in the same shard; prepare (if set) makes the inputs the case reads, and is
+  // called only in the case's shard, before any case of the shard runs.
+  std::string group = {};
+  std::function<::testing::AssertionResult()> prepare = {};
+  int shard = -1;
 };
+
+constexpr int kShards = 4;
 
 struct Tally {
   int cases = 0, as_documented = 0, wrong_code = 0, hangs = 0, backtraces = 0, unnamed = 0, destroyed = 0;
 };
 
-class Campaign : public ::testing::Test {
+class Campaign : public ::testing::TestWithParam<int> {
  protected:
   void SetUp() override {
+    const auto setup_start = std::chrono::steady_clock::now();
     dir_ = test::make_temp_dir("rel-campaign");
     data_ = dir_ + "/data";
     fs::copy(test::small_brown_dataset(), data_, fs::copy_options::recursive);
@@ -55,6 +71,7 @@ class Campaign : public ::testing::Test {
                          << "data: {dir: " << data_ << ", eval_samples: 32}\n"
                          << "target: {max_samples: 32, eval_every_samples: 32}\n"
                          << "batch: {global: 16, micro: 16}\nthreads: 1\nprecision: fp32\n";
+    setup_s_ = std::chrono::duration<double>(std::chrono::steady_clock::now() - setup_start).count();
   }
   void TearDown() override { fs::remove_all(dir_); }
 
@@ -111,6 +128,7 @@ class Campaign : public ::testing::Test {
   }
 
   std::string dir_, data_, tiny_;
+  double setup_s_ = 0;
 };
 
 // The key's type from the default config's YAML: int, double, bool, enum string, free string or list.
@@ -136,7 +154,8 @@ const std::set<std::string> kDoubleKeys = {"optimizer.lr",        "optimizer.bet
 
 }  // namespace
 
-TEST_F(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
+TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
+  const int shard = GetParam();
   const auto budget_start = std::chrono::steady_clock::now();
   std::vector<Case> cases;
   auto config_case = [&](const std::string& key, const std::string& value) {
@@ -229,11 +248,17 @@ TEST_F(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
          std::ofstream(d + "/meta.yaml") << meta;
        }, "meta.yaml"},
   };
+  std::set<std::string> damaged_made;
   for (const auto& [name, damage, needle] : damages) {
-    const std::string d = damaged_copy(name, damage);
-    cases.push_back({"data inspect --check " + name, {"data", "inspect", d, "--check"}, exit_code::kData, needle});
+    const std::string d = dir_ + "/bad-" + name;  // what damaged_copy makes
+    auto make = [&, name = name, damage = damage]() -> ::testing::AssertionResult {
+      if (damaged_made.insert(name).second) damaged_copy(name, damage);
+      return ::testing::AssertionSuccess();
+    };
+    cases.push_back({"data inspect --check " + name, {"data", "inspect", d, "--check"}, exit_code::kData, needle,
+                     60, "data " + name, make});
     cases.push_back({"train on " + name, {"train", "--config", tiny_, "--set", "data.dir=" + d}, exit_code::kData,
-                     needle, 120});
+                     needle, 120, "data " + name, make});
   }
 
   // 4. `data prepare` flags out of range, and outputs it must not replace.
@@ -322,8 +347,17 @@ TEST_F(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
 
   // 7. Damaged checkpoints: resume refuses them with exit 3 naming the file.
   const std::string ck = dir_ + "/ck";
-  auto first = test::run({test::bertsweep_bin(), "train", "--config", tiny_, "--set", "checkpoint.dir=" + ck, "--quiet"}, 180);
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  bool ck_trained = false;
+  auto train_once = [&]() -> ::testing::AssertionResult {
+    if (ck_trained) return ::testing::AssertionSuccess();
+    auto first =
+        test::run({test::bertsweep_bin(), "train", "--config", tiny_, "--set", "checkpoint.dir=" + ck, "--quiet"}, 180);
+    if (first.exit_code != 0)
+      return ::testing::AssertionFailure() << "the training run for the checkpoint cases: exit " << first.exit_code
+                                           << "\n" << first.err;
+    ck_trained = true;
+    return ::testing::AssertionSuccess();
+  };
   // The set's files are named by step: find them.
   auto file_in = [](const std::string& d, const std::string& prefix) {
     for (const auto& e : fs::directory_iterator(d))
@@ -353,14 +387,44 @@ TEST_F(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
   };
   for (const auto& [name, damage, needle] : ck_damages) {
     const std::string d = dir_ + "/ck-" + name;
-    fs::copy(ck, d, fs::copy_options::recursive);
-    damage(d);
+    auto make = [&, d, damage = damage]() -> ::testing::AssertionResult {
+      auto trained = train_once();
+      if (!trained) return trained;
+      fs::copy(ck, d, fs::copy_options::recursive);
+      damage(d);
+      return ::testing::AssertionSuccess();
+    };
     cases.push_back({"resume from " + name, {"train", "--config", tiny_, "--set", "checkpoint.dir=" + d, "--resume"},
-                     exit_code::kData, needle, 120});
+                     exit_code::kData, needle, 120, "checkpoint", make});
   }
 
+  // Deal the cases: round-robin over groups, a case without a group being a group of its own.
+  std::map<std::string, int> group_shard;
+  int dealt = 0;
+  for (auto& c : cases) {
+    if (c.group.empty()) {
+      c.shard = dealt++ % kShards;
+      continue;
+    }
+    auto [at, fresh] = group_shard.emplace(c.group, dealt % kShards);
+    dealt += fresh;
+    c.shard = at->second;
+  }
+  std::vector<const Case*> mine;
+  for (const auto& c : cases)
+    if (c.shard == shard) mine.push_back(&c);
+  const auto prepare_start = std::chrono::steady_clock::now();
+  for (const Case* c : mine) {
+    if (c->prepare) {
+      ASSERT_TRUE(c->prepare()) << c->name;
+    }
+  }
+  const double prepare_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - prepare_start).count();
+
   Tally t;
-  for (const auto& c : cases) run_case(c, t);
+  const auto cases_start = std::chrono::steady_clock::now();
+  for (const Case* c : mine) run_case(*c, t);
+  const double cases_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - cases_start).count();
   for (const auto& [name, bytes] : damaged_bytes)
     if (test::read_file(dir_ + "/studies/" + name + "/study.db") != bytes) {
       ++t.destroyed;
@@ -368,9 +432,18 @@ TEST_F(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
     }
   const double minutes =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - budget_start).count() / 60.0;
-  std::cout << "bad-input campaign: " << t.cases << " cases in " << minutes << " min: " << t.as_documented
-            << " as documented, " << t.wrong_code << " wrong exit code, " << t.unnamed << " message not naming it, "
-            << t.backtraces << " backtraces, " << t.hangs << " hangs, " << t.destroyed << " destroyed data\n";
-  EXPECT_GE(t.cases, 300);
+  std::cout << "bad-input campaign shard " << shard << " of " << kShards << " (of " << cases.size()
+            << " cases in all; the shards' counts add up): " << t.cases << " cases in " << minutes << " min: "
+            << t.as_documented << " as documented, " << t.wrong_code << " wrong exit code, " << t.unnamed
+            << " message not naming it, " << t.backtraces << " backtraces, " << t.hangs << " hangs, " << t.destroyed
+            << " destroyed data\n"
+            << "  set-up " << setup_s_ << " s (dataset copy + 1-trial study), inputs " << prepare_s << " s, cases "
+            << cases_s << " s\n";
+  EXPECT_GE(cases.size(), 300u);  // the whole campaign, whichever shard counts it
+  EXPECT_EQ(t.cases, static_cast<int>(mine.size()));
+  // A fair share: round-robin over groups leaves no shard short by more than the largest group (7 cases).
+  EXPECT_GE(t.cases, static_cast<int>(cases.size()) / kShards - 8);
   EXPECT_EQ(t.as_documented, t.cases);
 }
+
+INSTANTIATE_TEST_SUITE_P(Shards, Campaign, ::testing::Range(0, kShards));
