@@ -123,8 +123,7 @@ struct RunningTrial {
   }
 };
 
-// Ctrl-C / SIGTERM: the first one drains (no new trials; running ones finish and are recorded), a second
-// one stops at once (default action: the trials die with us and resume re-queues them).
+// Ctrl-C / SIGTERM: the first one drains (no new trials; running ones finish and are recorded).
 // A second one stops the running trials the graceful way (SIGTERM, or scancel --signal=TERM under Slurm,
 // killed after the grace period), records them and exits; a third one kills the controller at once.
 volatile sig_atomic_t g_stop_signal = 0, g_stop_now = 0;
@@ -614,7 +613,7 @@ class StudyRun {
       rec.state = trial_state::kPruned;
       store_.update_trial(rec);
       bridge_->tell_pruned(rec.number);
-    } else if (!r.timed_out && !r.queue_timed_out && !r.interrupted && code == exit_code::kOk && r.done) {
+    } else if (!r.timed_out && !r.queue_timed_out && code == exit_code::kOk && r.done) {  // done before a stop
       rec.state = trial_state::kComplete;
       rec.reason.clear();
       rec.values = objective_values(r);
