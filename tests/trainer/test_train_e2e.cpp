@@ -133,18 +133,30 @@ TEST(TrainE2E, ReachedTargetReportsSamplesToTarget) {
 
 TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
   auto dir = bs::test::make_temp_dir("resume");
-  // Dropout on: the RNG state must be restored too.
-  auto full = run({bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--events", "stdout", "--quiet"});
+  // 40 steps of 32 samples with an eval every 10 steps on the first 128 eval samples, the same in all three
+  // runs: the interrupted run is stopped at about step 11 (just after its first eval), so the resumed run
+  // trains ~29 steps and evaluates 3 times. Dropout on: the RNG state must be restored too.
+  auto args = [&](const std::vector<std::string>& extra) {
+    std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir),
+                                  "--set", "target.max_samples=1280", "--set", "target.eval_every_samples=320",
+                                  "--set", "data.eval_samples=128"};
+    a.insert(a.end(), extra.begin(), extra.end());
+    return a;
+  };
+  auto full = run(args({"--events", "stdout", "--quiet", "--dump-params", dir + "/full.bin"}));
   ASSERT_EQ(full.exit_code, 0) << full.err;
   auto ck = dir + "/ckpt";
   // Interrupted run: started as a child, SIGTERM after its first eval line appears in the events file.
   auto events = dir + "/events.jsonl";
+  auto child_args = args({"--set", "checkpoint.dir=" + ck, "--events", events, "--quiet"});
+  std::vector<char*> child_argv;
+  for (auto& s : child_args) child_argv.push_back(s.data());
+  child_argv.push_back(nullptr);
   pid_t pid = fork();
   if (pid == 0) {
     int devnull = open("/dev/null", O_WRONLY);
     dup2(devnull, 2);
-    execl(bs::test::bertsweep_bin().c_str(), "bertsweep", "train", "--config", tiny_config(dir).c_str(), "--set",
-          ("checkpoint.dir=" + ck).c_str(), "--events", events.c_str(), "--quiet", (char*)nullptr);
+    execv(child_argv[0], child_argv.data());
     _exit(127);
   }
   auto start = std::chrono::steady_clock::now();
@@ -161,11 +173,15 @@ TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
   ASSERT_TRUE(WIFEXITED(status));
   ASSERT_EQ(WEXITSTATUS(status), bs::exit_code::kTerminated);
   ASSERT_TRUE(fs::exists(ck + "/checksums.txt"));
-  auto resumed = run({bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
-                      "checkpoint.dir=" + ck, "--resume", "--events", "stdout", "--quiet"});
+  auto resumed = run(args({"--set", "checkpoint.dir=" + ck, "--resume", "--events", "stdout", "--dump-params",
+                           dir + "/resumed.bin"}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(resumed.err.find("resumed from"), std::string::npos) << resumed.err;
   auto a = events_of(full.out, "eval"), b = events_of(resumed.out, "eval");
-  ASSERT_FALSE(b.empty());
+  ASSERT_EQ(a.size(), 4u) << full.out;
+  // The resumed run continued from the checkpoint (it did not redo the first eval) and evaluated at least twice.
+  ASSERT_GE(b.size(), 2u) << resumed.out;
+  EXPECT_LT(b.size(), a.size()) << resumed.out;
   // Every eval of the resumed run equals the uninterrupted run's eval at the same step.
   for (const auto& e : b) {
     bool found = false;
@@ -177,6 +193,12 @@ TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
       }
     EXPECT_TRUE(found) << "step " << e.at("step");
   }
+  // And its final parameters equal the uninterrupted run's bit for bit.
+  const auto pa = read_floats(dir + "/full.bin"), pb = read_floats(dir + "/resumed.bin");
+  ASSERT_FALSE(pa.empty());
+  ASSERT_EQ(pa.size(), pb.size());
+  EXPECT_TRUE(pa == pb) << "the resumed run's final parameters differ from the uninterrupted run's";
+  fs::remove_all(dir);
 }
 
 TEST(TrainE2E, NonFiniteLossStopsWithItsOwnExitCode) {
@@ -201,47 +223,64 @@ TEST(TrainE2E, ModelThatDoesNotFitTheDataIsRefusedBeforeTraining) {
   EXPECT_NE(t.err.find("/nonexistent"), std::string::npos) << t.err;
 }
 
-// Mixed precision end to end: a bf16 run checkpointed half way and resumed equals the uninterrupted bf16 run
-// bit for bit (the fp32 masters and optimizer state are what the checkpoint holds, the bf16 copy is rebuilt
-// from them); an fp32 checkpoint resumes in bf16 and ends close to the fp32 run.
-TEST(TrainE2E, Bf16CheckpointResumeMatchesUninterruptedRunAndFp32ResumesInBf16) {
+// Mixed precision end to end, in two tests that CTest can run side by side. Short runs: bf16 is emulated
+// ~8x slower than fp32 on a CPU without AMX / AVX512-BF16, and bit-exact equality does not depend on the
+// length of the run, only on every piece of state (fp32 masters, optimizer moments and step, RNG, sampler
+// position, schedule) being carried over the checkpoint.
+namespace {
+constexpr int64_t kMpBatch = 16, kMpSteps = 4, kMpFull = kMpBatch * kMpSteps, kMpHalf = kMpFull / 2;
+
+bs::test::RunResult train_mp(const std::string& dir, const std::string& precision, int64_t samples,
+                             const std::string& ckpt, bool resume, const std::string& dump) {
+  // The schedule spans the whole run in every segment; an eval at the half-way checkpoint and at the end.
+  std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
+                                "precision=" + precision, "--set", "batch.global=" + std::to_string(kMpBatch),
+                                "--set", "batch.micro=" + std::to_string(kMpBatch), "--set",
+                                "schedule.total_steps=" + std::to_string(kMpSteps), "--set",
+                                "target.max_samples=" + std::to_string(samples), "--set",
+                                "target.eval_every_samples=" + std::to_string(kMpHalf), "--set",
+                                "data.eval_samples=64", "--events", "stdout", "--dump-params", dump};
+  if (!ckpt.empty()) a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt});
+  if (resume) a.push_back("--resume");
+  return run(a, 900);
+}
+}  // namespace
+
+// A bf16 run checkpointed half way and resumed equals the uninterrupted bf16 run bit for bit (the fp32
+// masters and optimizer state are what the checkpoint holds, the bf16 copy is rebuilt from them).
+TEST(TrainE2E, Bf16CheckpointResumeMatchesUninterruptedRun) {
   auto dir = bs::test::make_temp_dir("bf16-resume");
-  auto train = [&](const std::string& precision, int64_t samples, const std::string& ckpt, bool resume,
-                   const std::string& dump) {
-    std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
-                                  "precision=" + precision, "--set", "schedule.total_steps=12", "--set",
-                                  "target.max_samples=" + std::to_string(samples), "--set",
-                                  "target.eval_every_samples=192", "--set", "data.eval_samples=128",
-                                  "--events", "stdout", "--dump-params", dump};
-    if (!ckpt.empty()) a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt});
-    if (resume) a.push_back("--resume");
-    return run(a, 900);
-  };
-  auto full = train("bf16", 384, "", false, dir + "/full.bin");
+  auto full = train_mp(dir, "bf16", kMpFull, "", false, dir + "/full.bin");
   ASSERT_EQ(full.exit_code, 0) << full.err;
   EXPECT_NE(full.err.find("precision: bf16 compute, fp32 master weights"), std::string::npos) << full.err;
   auto start = events_of(full.out, "start");
   ASSERT_EQ(start.size(), 1u);
   EXPECT_EQ(start[0]["precision"], "\"bf16\"");
 
-  auto half = train("bf16", 192, dir + "/ck-bf16", false, dir + "/half.bin");
+  auto half = train_mp(dir, "bf16", kMpHalf, dir + "/ck-bf16", false, dir + "/half.bin");
   ASSERT_EQ(half.exit_code, 0) << half.err;
-  auto resumed = train("bf16", 384, dir + "/ck-bf16", true, dir + "/resumed.bin");
+  auto resumed = train_mp(dir, "bf16", kMpFull, dir + "/ck-bf16", true, dir + "/resumed.bin");
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("resumed from"), std::string::npos) << resumed.err;
   const auto a = read_floats(dir + "/full.bin"), b = read_floats(dir + "/resumed.bin");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_FALSE(a.empty());
-  EXPECT_EQ(a, b) << "the resumed bf16 run differs from the uninterrupted one";
+  EXPECT_TRUE(a == b) << "the resumed bf16 run differs from the uninterrupted one";
+  EXPECT_TRUE(read_floats(dir + "/half.bin") != a) << "the steps after the checkpoint changed nothing";
+  fs::remove_all(dir);
+}
 
-  // fp32 to half way, then bf16: runs, and its final eval loss is within 3% of the all-fp32 run's.
-  auto fp32_full = train("fp32", 384, "", false, dir + "/fp32.bin");
+// An fp32 checkpoint resumes in bf16: it runs, and its final eval loss is within 3% of the all-fp32 run's.
+TEST(TrainE2E, Bf16ResumesFromAnFp32CheckpointCloseToTheFp32Run) {
+  auto dir = bs::test::make_temp_dir("bf16-switch");
+  auto fp32_full = train_mp(dir, "fp32", kMpFull, "", false, dir + "/fp32.bin");
   ASSERT_EQ(fp32_full.exit_code, 0) << fp32_full.err;
-  auto fp32_half = train("fp32", 192, dir + "/ck-fp32", false, dir + "/fp32-half.bin");
+  auto fp32_half = train_mp(dir, "fp32", kMpHalf, dir + "/ck-fp32", false, dir + "/fp32-half.bin");
   ASSERT_EQ(fp32_half.exit_code, 0) << fp32_half.err;
-  auto switched = train("bf16", 384, dir + "/ck-fp32", true, dir + "/switched.bin");
+  auto switched = train_mp(dir, "bf16", kMpFull, dir + "/ck-fp32", true, dir + "/switched.bin");
   ASSERT_EQ(switched.exit_code, 0) << switched.err;
   EXPECT_NE(switched.err.find("resumed from"), std::string::npos) << switched.err;
+  EXPECT_NE(switched.err.find("precision: bf16 compute"), std::string::npos) << switched.err;
   const auto e32 = events_of(fp32_full.out, "eval"), esw = events_of(switched.out, "eval");
   ASSERT_FALSE(e32.empty());
   ASSERT_FALSE(esw.empty());
