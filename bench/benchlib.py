@@ -48,15 +48,18 @@ def fixed_budget_sets(samples, progress_every, threads, eval_samples=64):
             "data.eval_samples": str(eval_samples), "threads": str(threads)}
 
 
-def run_train(model, sets, ranks=1, timeout=900, label=""):
-    """Runs bertsweep train (under mpirun when ranks > 1); returns the averaged throughput events after the
-    first (warm-up) window, the last eval and the done event."""
+def run_train(model, sets, ranks=1, timeout=900, label="", launcher=None):
+    """Runs bertsweep train (under mpirun when ranks > 1, or under `launcher`, a command prefix such as
+    bench/netsim's); returns the averaged throughput events after the first (warm-up) window, the last eval
+    and the done event."""
     cmd = [binary(), "train", "--config", CONFIGS[model], "--quiet"]
     ev_file = tempfile.NamedTemporaryFile(prefix="bs-bench-", suffix=".jsonl", delete=False).name
     for k, v in sets.items():
         cmd += ["--set", f"{k}={v}"]
     cmd += ["--events", ev_file]
-    if ranks > 1:
+    if launcher:
+        cmd = list(launcher) + cmd
+    elif ranks > 1:
         cmd = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks), "-x", "OMP_NUM_THREADS=1"] + cmd
     retries = 0
     while True:
@@ -74,6 +77,7 @@ def run_train(model, sets, ranks=1, timeout=900, label=""):
     os.unlink(ev_file)
     tp = [e for e in events if e["event"] == "throughput"]
     timed = tp[1:] if len(tp) > 1 else tp
+    start = [e for e in events if e["event"] == "start"]
     keys = ["samples_per_s", "tokens_per_s", "effective_tokens_per_s", "padding_waste", "imbalance", "overlap",
             "step_seconds", "compute_seconds"]
     out = {k: sum(e[k] for e in timed) / len(timed) for k in keys}
@@ -81,7 +85,12 @@ def run_train(model, sets, ranks=1, timeout=900, label=""):
     out.update({"label": label, "model": model, "ranks": ranks, "timed_windows": len(timed),
                 "process_wall_s": wall, "retries": retries, "command": " ".join(cmd[:-2]),
                 "eval_mlm_accuracy": evals[-1]["mlm_accuracy"] if evals else None,
-                "final_loss": tp[-1]["loss"] if tp else None})
+                "final_loss": tp[-1]["loss"] if tp else None,
+                "parameters": start[0].get("parameters") if start else None})
+    done = [e for e in events if e["event"] == "done"]
+    if done:
+        out.update({"reached": bool(done[-1].get("reached")), "samples_to_target": done[-1].get("samples_to_target"),
+                    "seconds_to_target": done[-1].get("seconds_to_target")})
     return out
 
 
