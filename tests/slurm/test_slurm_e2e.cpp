@@ -135,6 +135,27 @@ TEST(SlurmE2E, SrunTrialsCompleteAsJobsAndKeepTheirJobIds) {
   fs::remove_all(dir);
 }
 
+// A trial of 2 ranks: srun starts both with --mpi=pmix (OpenMPI direct-launched by srun finds its peers
+// through Slurm's PMIx) and one CPU each on the 2-CPU node, and they train as one world.
+TEST(SlurmE2E, TwoRankTrialFindsItsPeerThroughPmix) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-ranks");
+  const std::string file = write_study(dir, "sranks");
+  auto r = test::run(study_run(file, dir, {"n_trials=1", "parallel=1", "launcher.ranks=2",
+                                           "base.distributed.backend=mpi", "base.target.max_samples=256"}),
+                     400);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  StudyStore store(dir + "/sranks/study.db", StudyStore::Mode::kReadOnly);
+  auto t = store.trial(0);
+  ASSERT_TRUE(t);
+  EXPECT_EQ(t->state, trial_state::kComplete) << t->reason;
+  const std::string out = test::read_file(t->trial_dir + "/stdout.log");
+  EXPECT_NE(out.find("\"world\": 2"), std::string::npos) << out.substr(0, 2000);
+  auto job = search::run_command({"scontrol", "--oneliner", "show", "job", slurm_job_attr(store.path(), 0)});
+  EXPECT_NE(job.out.find("NumTasks=2"), std::string::npos) << job.out;
+  fs::remove_all(dir);
+}
+
 // A request Slurm can never grant (more CPUs than the cluster has; a partition it does not have) is a
 // config error before any trial: exit 2, Slurm's words and the keys to fix, no trial, no job.
 TEST(SlurmE2E, ImpossibleRequestIsAConfigErrorBeforeAnyTrial) {
