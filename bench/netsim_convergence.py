@@ -37,12 +37,19 @@ def main():
     ap.add_argument("--lr", default="0.003")
     ap.add_argument("--optimizer", default="adamw")
     ap.add_argument("--max-norm", default="1.0")
+    ap.add_argument("--time-only", action="store_true",
+                    help="no training: recompute time to target from the stored runs and a new netsim_steps.json")
     a = ap.parse_args()
     info = bl.machine()
     os.environ.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1"})
     seeds = [int(s) for s in a.seeds.split(",")]
     runs = []
-    for seed in seeds:  # seeds outermost: an interrupted run still has every mode for the first seeds
+    if a.time_only:
+        with open(os.path.join(bl.RESULTS, "netsim_convergence.json")) as f:
+            stored = json.load(f)
+        runs, info, seeds = stored["runs"], stored["machine"], stored["setup"]["seeds"]
+        a.batch = stored["setup"]["batch"]
+    for seed in seeds if not a.time_only else []:  # seeds outermost: an interrupted run still has every mode for the first seeds
         for mode in MODES:
             sets = {"distributed.backend": "mpi", "batch.global": str(a.batch), "batch.micro": str(a.batch // 2),
                     "optimizer.name": a.optimizer, "optimizer.lr": a.lr, "clip.mode": mode, "clip.bucket_mb": "4",
@@ -65,9 +72,12 @@ def main():
         summary.append(row)
     cols = ["clip_mode", "runs", "reached", "mean_samples_to_target", "ci95_low", "ci95_high", "samples"]
     setup = {"model": "tiny", "ranks": 2, "threads_per_rank": 1, "batch": a.batch, "optimizer": a.optimizer,
-             "lr": a.lr, "max_norm": a.max_norm, "target": a.target, "seeds": seeds}
-    bl.write_results("netsim_convergence", {"machine": info, "setup": setup, "runs": runs, "summary": summary},
-                     summary, cols)
+             "lr": a.lr, "max_norm": a.max_norm, "target": a.target, "seeds": seeds, "eval_every": a.eval_every}
+    if a.time_only:
+        setup = stored["setup"]
+    if not a.time_only:
+        bl.write_results("netsim_convergence", {"machine": info, "setup": setup, "runs": runs, "summary": summary},
+                         summary, cols)
 
     steps_file = os.path.join(bl.RESULTS, "netsim_steps.json")
     if not os.path.exists(steps_file):

@@ -10,7 +10,7 @@ allreduce of the gradient bytes, 2 (n-1)/n x bytes at the link rate, either full
 hidden behind compute (full overlap). Writes bench/results/netsim_{steps,dtype}.{json,csv,md} and
 bench/results/netsim_steps.png.
 
-  bench/netsim_sweep.py [--rates 10gbit,1gbit,500mbit,200mbit] [--samples 640] [--skip-dtype]
+  bench/netsim_sweep.py [--rates 10gbit,1gbit,200mbit,50mbit] [--samples 640] [--skip-dtype]
 """
 import argparse
 import os
@@ -41,7 +41,7 @@ def netsim(rate, prefix):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rates", default="10gbit,1gbit,500mbit,200mbit")
+    ap.add_argument("--rates", default="10gbit,1gbit,200mbit,50mbit")
     ap.add_argument("--samples", type=int, default=640)
     ap.add_argument("--model", default="tiny")
     ap.add_argument("--skip-dtype", action="store_true")
