@@ -133,6 +133,14 @@ def write_results(name, payload, rows, columns):
     print("\n".join(md))
 
 
+def rate_bits(rate):
+    """A tc rate such as 200mbit or 10gbit in bit/s."""
+    for unit, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * mult
+    raise ValueError(f"not a tc rate: {rate}")
+
+
 def fmt(v):
     if isinstance(v, float):
         return f"{v:.4g}" if abs(v) < 1 else f"{v:.1f}"

@@ -98,18 +98,11 @@ def main():
                         "seconds_to_target": s["mean_samples_to_target"] / a.batch * per_step,
                         "ci95_low_s": s["ci95_low"] / a.batch * per_step,
                         "ci95_high_s": s["ci95_high"] / a.batch * per_step})
-    ttt.sort(key=lambda r: (bl_rate(r["rate"]), r["clip_mode"]), reverse=False)
+    ttt.sort(key=lambda r: (bl.rate_bits(r["rate"]), r["clip_mode"]), reverse=False)
     bl.write_results("netsim_time_to_target", {"machine": info, "setup": setup, "steps_from": steps_file,
                                                "steps_machine": steps.get("machine"), "rows": ttt}, ttt,
                      ["rate", "clip_mode", "step_seconds", "mean_samples_to_target", "seconds_to_target",
                       "ci95_low_s", "ci95_high_s"])
-
-
-def bl_rate(rate):
-    for unit, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * mult
-    return 0.0
 
 
 if __name__ == "__main__":

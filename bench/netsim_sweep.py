@@ -23,16 +23,9 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RANKS = 2
 
 
-def rate_bits(rate):
-    for unit, mult in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
-        if rate.endswith(unit):
-            return float(rate[: -len(unit)]) * mult
-    raise ValueError(rate)
-
-
 def allreduce_seconds(params, bytes_per_value, rate):
     """Ring allreduce: each rank sends 2 (n-1)/n of the gradient bytes over its link."""
-    return 2 * (RANKS - 1) / RANKS * params * bytes_per_value * 8 / rate_bits(rate)
+    return 2 * (RANKS - 1) / RANKS * params * bytes_per_value * 8 / bl.rate_bits(rate)
 
 
 def netsim(rate, prefix):
@@ -118,7 +111,7 @@ def plot(rows, rates, info, model):
         print("netsim_sweep: no matplotlib; no plot")
         return
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    x = [rate_bits(r) / 1e9 for r in rates]
+    x = [bl.rate_bits(r) / 1e9 for r in rates]
     for mode, mb in sorted({(r["clip_mode"], r["bucket_mb"]) for r in rows}):
         ys = [next(r["step_seconds"] for r in rows if r["rate"] == rate and r["clip_mode"] == mode
                    and r["bucket_mb"] == mb) for rate in rates]
