@@ -129,6 +129,174 @@ std::vector<ParamValue> SpaceParam::grid_values() const {
   return out;
 }
 
+namespace {
+
+// `choice: [values]`.
+void read_choice(const YAML::Node& v, SpaceParam& p, const std::string& source) {
+  p.kind = SpaceParam::Kind::kChoice;
+  if (!v.IsSequence() || v.size() == 0)
+    throw ConfigError(where(v, source) + ": parameter '" + p.key + "': choice needs a non-empty list of values");
+  for (const auto& c : v) {
+    if (!c.IsScalar())
+      throw ConfigError(where(c, source) + ": parameter '" + p.key + "': choices must be plain values");
+    p.choices.push_back(parse_scalar(c.Scalar()));
+  }
+}
+
+// `uniform | log_uniform | int: [low, high]`.
+void read_range_kind(const std::string& k, const YAML::Node& v, SpaceParam& p, const std::string& source) {
+  p.kind = k == "uniform" ? SpaceParam::Kind::kUniform
+                          : k == "log_uniform" ? SpaceParam::Kind::kLogUniform : SpaceParam::Kind::kInt;
+  read_range(v, p, k, source);
+  if (p.kind == SpaceParam::Kind::kLogUniform && p.low <= 0)
+    throw ConfigError(where(v, source) + ": parameter '" + p.key + "': log_uniform needs low > 0");
+  if (p.kind == SpaceParam::Kind::kInt && (std::floor(p.low) != p.low || std::floor(p.high) != p.high))
+    throw ConfigError(where(v, source) + ": parameter '" + p.key + "': int bounds must be integers");
+}
+
+// `step: N` of an int parameter.
+void read_step(const YAML::Node& v, SpaceParam& p, const std::string& source) {
+  int64_t st;
+  if (!v.IsScalar() || !parse_int(v.Scalar(), st) || st <= 0)
+    throw ConfigError(where(v, source) + ": parameter '" + p.key + "': step must be an integer > 0");
+  p.step = st;
+}
+
+// `pow2: true|false`, `log: true|false` of an int parameter.
+void read_flag(const std::string& k, const YAML::Node& v, SpaceParam& p, const std::string& source) {
+  if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false"))
+    throw ConfigError(where(v, source) + ": parameter '" + p.key + "': " + k + " must be true or false");
+  (k == "pow2" ? p.pow2 : p.log) = v.Scalar() == "true";
+}
+
+// `when: {key.path: value or [values], ...}`.
+void read_when(const YAML::Node& v, SpaceParam& p, const std::string& source) {
+  if (!v.IsMap() || v.size() == 0)
+    throw ConfigError(where(v, source) + ": parameter '" + p.key +
+                      "': when must be a mapping {key.path: value or [values]}");
+  for (const auto& c : v) {
+    Condition cond;
+    cond.key = c.first.Scalar();
+    if (!TrainConfig::is_key(cond.key))
+      throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "': condition key '" + cond.key +
+                        "' is not a training config key");
+    if (cond.key == p.key)
+      throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "' cannot depend on itself");
+    if (c.second.IsScalar()) cond.values.push_back(c.second.Scalar());
+    else if (c.second.IsSequence())
+      for (const auto& x : c.second) cond.values.push_back(x.Scalar());
+    else
+      throw ConfigError(where(c.second, source) + ": parameter '" + p.key + "': condition on '" + cond.key +
+                        "' must be a value or a list of values");
+    p.when.push_back(cond);
+  }
+}
+
+// One clause of a parameter's mapping; counts the kind clauses (choice, uniform, log_uniform, int) in `kinds`.
+void read_clause(const YAML::Node& name, const YAML::Node& v, SpaceParam& p, int& kinds, const std::string& source) {
+  const std::string k = name.Scalar();
+  if (k == "choice") {
+    ++kinds;
+    read_choice(v, p, source);
+  } else if (k == "uniform" || k == "log_uniform" || k == "int") {
+    ++kinds;
+    read_range_kind(k, v, p, source);
+  } else if (k == "step") {
+    read_step(v, p, source);
+  } else if (k == "pow2" || k == "log") {
+    read_flag(k, v, p, source);
+  } else if (k == "when") {
+    read_when(v, p, source);
+  } else {
+    throw ConfigError(where(name, source) + ": parameter '" + p.key + "': unknown key '" + k +
+                      "' (expected choice, uniform, log_uniform, int, step, pow2, log, when)");
+  }
+}
+
+// One entry of `space:`, `key.path: {clauses}`.
+SpaceParam read_param(const YAML::Node& key, const YAML::Node& d, const std::set<std::string>& declared,
+                      const std::string& source) {
+  SpaceParam p;
+  p.key = key.Scalar();
+  p.where = where(key, source);
+  if (!TrainConfig::is_key(p.key))
+    throw ConfigError(p.where + ": space parameter '" + p.key +
+                      "' is not a training config key (keys are paths like optimizer.lr; see "
+                      "`bertsweep train --help`)");
+  if (declared.count(p.key)) throw ConfigError(p.where + ": parameter '" + p.key + "' is declared twice");
+  if (!d.IsMap())
+    throw ConfigError(where(d, source) + ": parameter '" + p.key +
+                      "' must be a mapping like {choice: [...]} or {uniform: [lo, hi]}");
+  int kinds = 0;
+  for (const auto& e : d) read_clause(e.first, e.second, p, kinds, source);
+  if (kinds != 1)
+    throw ConfigError(p.where + ": parameter '" + p.key + "' needs exactly one of choice, uniform, log_uniform, int");
+  if ((p.pow2 || p.log || p.step != 1) && p.kind != SpaceParam::Kind::kInt)
+    throw ConfigError(p.where + ": parameter '" + p.key + "': step, pow2 and log apply to int parameters only");
+  if (p.pow2 && p.grid_values().empty())
+    throw ConfigError(p.where + ": parameter '" + p.key + "': no power of two lies in [" + to_string(p.low) +
+                      ", " + to_string(p.high) + "]");
+  if (p.kind == SpaceParam::Kind::kInt && p.log && p.low <= 0)
+    throw ConfigError(p.where + ": parameter '" + p.key + "': log needs low > 0");
+  if (p.pow2) p.choices = p.grid_values();
+  return p;
+}
+
+// A condition may read a parameter only when it is declared earlier (it is sampled first).
+void check_condition_order(const std::vector<SpaceParam>& params, const std::set<std::string>& declared) {
+  std::set<std::string> before;
+  for (const auto& p : params) {
+    for (const auto& c : p.when)
+      if (declared.count(c.key) && !before.count(c.key))
+        throw ConfigError(p.where + ": parameter '" + p.key + "' depends on '" + c.key +
+                          "', which must be declared above it in `space`");
+    before.insert(p.key);
+  }
+}
+
+// One clause of a derived rule: scale, by, rule, base_batch.
+void read_derived_clause(const YAML::Node& name, const YAML::Node& v, DerivedRule& r, bool& has_scale, bool& has_by,
+                         const std::string& source) {
+  const std::string k = name.Scalar();
+  if (k == "scale" || k == "by") {
+    std::string key = v.IsScalar() ? v.Scalar() : "";
+    if (!TrainConfig::is_key(key))
+      throw ConfigError(where(v, source) + ": derived '" + r.key + "': " + k + " '" + key +
+                        "' is not a training config key");
+    (k == "scale" ? r.scale : r.by) = key;
+    (k == "scale" ? has_scale : has_by) = true;
+  } else if (k == "rule") {
+    r.rule = v.IsScalar() ? v.Scalar() : "";
+    if (r.rule != "sqrt" && r.rule != "linear")
+      throw ConfigError(where(v, source) + ": derived '" + r.key + "': rule must be sqrt or linear");
+  } else if (k == "base_batch") {
+    r.base_batch = number(v, "derived '" + r.key + "': base_batch", source);
+    if (r.base_batch <= 0)
+      throw ConfigError(where(v, source) + ": derived '" + r.key + "': base_batch must be > 0");
+  } else {
+    throw ConfigError(where(name, source) + ": derived '" + r.key + "': unknown key '" + k +
+                      "' (expected scale, by, rule, base_batch)");
+  }
+}
+
+// One entry of `derived:`, `key.path: {scale: KEY, by: KEY, rule: sqrt|linear, base_batch: N}`.
+DerivedRule read_derived_rule(const YAML::Node& key, const YAML::Node& d, const std::string& source) {
+  DerivedRule r;
+  r.key = key.Scalar();
+  r.where = where(key, source);
+  if (!TrainConfig::is_key(r.key))
+    throw ConfigError(r.where + ": derived key '" + r.key + "' is not a training config key");
+  if (!d.IsMap())
+    throw ConfigError(r.where + ": derived '" + r.key + "' must be {scale: KEY, by: KEY, rule: sqrt|linear, "
+                                                        "base_batch: N}");
+  bool has_scale = false, has_by = false;
+  for (const auto& e : d) read_derived_clause(e.first, e.second, r, has_scale, has_by, source);
+  if (!has_scale || !has_by) throw ConfigError(r.where + ": derived '" + r.key + "' needs both scale: and by:");
+  return r;
+}
+
+}  // namespace
+
 SearchSpace SearchSpace::from_yaml(const YAML::Node& space, const YAML::Node& derived, const std::string& source) {
   SearchSpace s;
   std::set<std::string> declared;
@@ -136,141 +304,15 @@ SearchSpace SearchSpace::from_yaml(const YAML::Node& space, const YAML::Node& de
     if (!space.IsMap())
       throw ConfigError(where(space, source) + ": 'space' must be a mapping of training key paths to parameters");
     for (const auto& kv : space) {
-      SpaceParam p;
-      p.key = kv.first.Scalar();
-      p.where = where(kv.first, source);
-      if (!TrainConfig::is_key(p.key))
-        throw ConfigError(p.where + ": space parameter '" + p.key +
-                          "' is not a training config key (keys are paths like optimizer.lr; see "
-                          "`bertsweep train --help`)");
-      if (declared.count(p.key)) throw ConfigError(p.where + ": parameter '" + p.key + "' is declared twice");
-      const YAML::Node& d = kv.second;
-      if (!d.IsMap())
-        throw ConfigError(where(d, source) + ": parameter '" + p.key +
-                          "' must be a mapping like {choice: [...]} or {uniform: [lo, hi]}");
-      int kinds = 0;
-      for (const auto& e : d) {
-        const std::string k = e.first.Scalar();
-        const YAML::Node& v = e.second;
-        if (k == "choice") {
-          ++kinds;
-          p.kind = SpaceParam::Kind::kChoice;
-          if (!v.IsSequence() || v.size() == 0)
-            throw ConfigError(where(v, source) + ": parameter '" + p.key +
-                              "': choice needs a non-empty list of values");
-          for (const auto& c : v) {
-            if (!c.IsScalar())
-              throw ConfigError(where(c, source) + ": parameter '" + p.key + "': choices must be plain values");
-            p.choices.push_back(parse_scalar(c.Scalar()));
-          }
-        } else if (k == "uniform" || k == "log_uniform" || k == "int") {
-          ++kinds;
-          p.kind = k == "uniform" ? SpaceParam::Kind::kUniform
-                                  : k == "log_uniform" ? SpaceParam::Kind::kLogUniform : SpaceParam::Kind::kInt;
-          read_range(v, p, k, source);
-          if (p.kind == SpaceParam::Kind::kLogUniform && p.low <= 0)
-            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': log_uniform needs low > 0");
-          if (p.kind == SpaceParam::Kind::kInt &&
-              (std::floor(p.low) != p.low || std::floor(p.high) != p.high))
-            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': int bounds must be integers");
-        } else if (k == "step") {
-          int64_t st;
-          if (!v.IsScalar() || !parse_int(v.Scalar(), st) || st <= 0)
-            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': step must be an integer > 0");
-          p.step = st;
-        } else if (k == "pow2" || k == "log") {
-          if (!v.IsScalar() || (v.Scalar() != "true" && v.Scalar() != "false"))
-            throw ConfigError(where(v, source) + ": parameter '" + p.key + "': " + k + " must be true or false");
-          (k == "pow2" ? p.pow2 : p.log) = v.Scalar() == "true";
-        } else if (k == "when") {
-          if (!v.IsMap() || v.size() == 0)
-            throw ConfigError(where(v, source) + ": parameter '" + p.key +
-                              "': when must be a mapping {key.path: value or [values]}");
-          for (const auto& c : v) {
-            Condition cond;
-            cond.key = c.first.Scalar();
-            if (!TrainConfig::is_key(cond.key))
-              throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "': condition key '" + cond.key +
-                                "' is not a training config key");
-            if (cond.key == p.key)
-              throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "' cannot depend on itself");
-            if (c.second.IsScalar()) cond.values.push_back(c.second.Scalar());
-            else if (c.second.IsSequence())
-              for (const auto& x : c.second) cond.values.push_back(x.Scalar());
-            else
-              throw ConfigError(where(c.second, source) + ": parameter '" + p.key + "': condition on '" +
-                                cond.key + "' must be a value or a list of values");
-            p.when.push_back(cond);
-          }
-        } else {
-          throw ConfigError(where(e.first, source) + ": parameter '" + p.key + "': unknown key '" + k +
-                            "' (expected choice, uniform, log_uniform, int, step, pow2, log, when)");
-        }
-      }
-      if (kinds != 1)
-        throw ConfigError(p.where + ": parameter '" + p.key +
-                          "' needs exactly one of choice, uniform, log_uniform, int");
-      if ((p.pow2 || p.log || p.step != 1) && p.kind != SpaceParam::Kind::kInt)
-        throw ConfigError(p.where + ": parameter '" + p.key + "': step, pow2 and log apply to int parameters only");
-      if (p.pow2 && p.grid_values().empty())
-        throw ConfigError(p.where + ": parameter '" + p.key + "': no power of two lies in [" + to_string(p.low) +
-                          ", " + to_string(p.high) + "]");
-      if (p.kind == SpaceParam::Kind::kInt && p.log && p.low <= 0)
-        throw ConfigError(p.where + ": parameter '" + p.key + "': log needs low > 0");
-      if (p.pow2) p.choices = p.grid_values();
-      s.params_.push_back(p);
-      declared.insert(p.key);
+      s.params_.push_back(read_param(kv.first, kv.second, declared, source));
+      declared.insert(s.params_.back().key);
     }
-    // A condition may read a parameter only when it is declared earlier (it is sampled first).
-    std::set<std::string> before;
-    for (const auto& p : s.params_) {
-      for (const auto& c : p.when)
-        if (declared.count(c.key) && !before.count(c.key))
-          throw ConfigError(p.where + ": parameter '" + p.key + "' depends on '" + c.key +
-                            "', which must be declared above it in `space`");
-      before.insert(p.key);
-    }
+    check_condition_order(s.params_, declared);
   }
   if (derived && !derived.IsNull()) {
     if (!derived.IsMap())
       throw ConfigError(where(derived, source) + ": 'derived' must be a mapping of key paths to rules");
-    for (const auto& kv : derived) {
-      DerivedRule r;
-      r.key = kv.first.Scalar();
-      r.where = where(kv.first, source);
-      if (!TrainConfig::is_key(r.key))
-        throw ConfigError(r.where + ": derived key '" + r.key + "' is not a training config key");
-      if (!kv.second.IsMap())
-        throw ConfigError(r.where + ": derived '" + r.key + "' must be {scale: KEY, by: KEY, rule: sqrt|linear, "
-                                                            "base_batch: N}");
-      bool has_scale = false, has_by = false;
-      for (const auto& e : kv.second) {
-        const std::string k = e.first.Scalar();
-        const YAML::Node& v = e.second;
-        if (k == "scale" || k == "by") {
-          std::string key = v.IsScalar() ? v.Scalar() : "";
-          if (!TrainConfig::is_key(key))
-            throw ConfigError(where(v, source) + ": derived '" + r.key + "': " + k + " '" + key +
-                              "' is not a training config key");
-          (k == "scale" ? r.scale : r.by) = key;
-          (k == "scale" ? has_scale : has_by) = true;
-        } else if (k == "rule") {
-          r.rule = v.IsScalar() ? v.Scalar() : "";
-          if (r.rule != "sqrt" && r.rule != "linear")
-            throw ConfigError(where(v, source) + ": derived '" + r.key + "': rule must be sqrt or linear");
-        } else if (k == "base_batch") {
-          r.base_batch = number(v, "derived '" + r.key + "': base_batch", source);
-          if (r.base_batch <= 0)
-            throw ConfigError(where(v, source) + ": derived '" + r.key + "': base_batch must be > 0");
-        } else {
-          throw ConfigError(where(e.first, source) + ": derived '" + r.key + "': unknown key '" + k +
-                            "' (expected scale, by, rule, base_batch)");
-        }
-      }
-      if (!has_scale || !has_by)
-        throw ConfigError(r.where + ": derived '" + r.key + "' needs both scale: and by:");
-      s.derived_.push_back(r);
-    }
+    for (const auto& kv : derived) s.derived_.push_back(read_derived_rule(kv.first, kv.second, source));
   }
   return s;
 }

@@ -75,6 +75,7 @@ struct StudyConfig {
   YAML::Node base() const;
 
  private:
+  struct Keys;  // the table of study keys (StudyConfig.cpp): reads and writes every member, these included
   void emit(YAML::Emitter& out, bool full) const;
   std::string space_yaml_, derived_yaml_;  // as written, for to_yaml_string()
 };
