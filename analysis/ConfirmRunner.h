@@ -8,19 +8,19 @@
 #include <string>
 #include <vector>
 
-#include "analysis/ConfirmStore.h"
+#include "analysis/ConfirmSummary.h"
 
 namespace bs::analysis {
 
 struct ConfirmOptions {
   std::string dir = "studies";
   std::string study;
-  std::string trainer_exe;            // the bertsweep executable that runs `train`
-  std::vector<int64_t> seeds;         // one run per optimizer (and batch) and seed
-  bool per_batch = false;             // the best trial of every (optimizer, batch.global), not per optimizer
-  bool include_unreached = false;     // also re-run best trials that never reached the target
-  int parallel = 1;                   // runs at a time; each gets cores/parallel threads
-  std::vector<std::string> sets;      // key=value overrides applied to every exported config
+  std::string trainer_exe;         // the bertsweep executable that runs `train`
+  std::vector<int64_t> seeds;      // one run per optimizer (and batch) and seed
+  bool per_batch = false;          // the best trial of every (optimizer, batch.global), not per optimizer
+  bool include_unreached = false;  // also re-run best trials that never reached the target
+  int parallel = 1;                // runs at a time; each gets cores/parallel threads
+  std::vector<std::string> sets;   // key=value overrides applied to every exported config
   bool quiet = false;
   // Non-empty: each run also writes its MLLOG (`--set log.mllog=...`) as
   // DIR/<optimizer>-b<batch>/bert/result_N.txt, N = 0, 1, ... over the seeds in the order given: the

@@ -8,7 +8,7 @@
 #include <map>
 #include <sstream>
 
-#include "analysis/ConfirmStore.h"
+#include "analysis/ConfirmSummary.h"
 #include "analysis/ReportPlots.h"
 #include "analysis/StudyTables.h"
 #include "studies/ConfigExport.h"
@@ -21,7 +21,8 @@ std::string format_number(double v) {
   if (!std::isfinite(v)) return "-";
   char buf[64];
   if (std::fabs(v) < 1e15 && v == std::floor(v)) std::snprintf(buf, sizeof buf, "%.0f", v);
-  else std::snprintf(buf, sizeof buf, "%.6g", v);
+  else
+    std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
 }
 
@@ -169,8 +170,8 @@ void optimizer_batch_section(const StudyContext& s) {
                     any ? format_number(r.samples.mean) : "-", any ? format_number(r.samples.std) : "-",
                     r.best_trial < 0 ? "-" : std::to_string(r.best_trial)});
   }
-  s.doc.table({"optimizer", "batch", "trials", "complete", "reached", "pruned", "failed", "best samples", "mean",
-               "std", "best trial"},
+  s.doc.table({"optimizer", "batch", "trials", "complete", "reached", "pruned", "failed", "best samples", "mean", "std",
+               "best trial"},
               rows);
 }
 
@@ -180,8 +181,9 @@ void best_per_cell_section(const StudyContext& s, std::size_t optimizers) {
   const auto cells = best_per_optimizer_and_batch(s.trials, s.objective);
   if (cells.size() <= optimizers) return;
   s.doc.heading(3, "Best trial per optimizer and batch size");
-  s.doc.para("The hyperparameters each (optimizer, batch) cell's best trial chose; `study confirm --per-batch` "
-             "re-runs these with several seeds.");
+  s.doc.para(
+      "The hyperparameters each (optimizer, batch) cell's best trial chose; `study confirm --per-batch` "
+      "re-runs these with several seeds.");
   std::vector<std::vector<std::string>> rows;
   auto key = [](const TrialRecord& t, const char* k) {
     try {
@@ -207,8 +209,8 @@ void best_per_optimizer_section(const StudyContext& s, const std::vector<TrialRe
                     format_number(std::stod(config_value(t.config_yaml, "optimizer.lr"))), t.reached ? "yes" : "no",
                     opt_num(t.samples_to_target), opt_num(t.seconds_to_target), opt_num(t.final_mlm_accuracy)});
     Curve c;
-    c.label = trial_optimizer(t) + " (trial " + std::to_string(t.number) + ", batch " +
-              std::to_string(trial_batch(t)) + ")";
+    c.label =
+        trial_optimizer(t) + " (trial " + std::to_string(t.number) + ", batch " + std::to_string(trial_batch(t)) + ")";
     for (const auto& e : s.store.evals(t.number)) {
       c.samples.push_back(static_cast<double>(e.samples));
       c.accuracy.push_back(e.mlm_accuracy);
@@ -223,9 +225,9 @@ void best_per_optimizer_section(const StudyContext& s, const std::vector<TrialRe
     s.doc.para("No COMPLETE trial yet.");
     return;
   }
-  s.doc.table({"optimizer", "trial", "batch", "lr", "reached", "samples to target", "seconds to target",
-               "final accuracy"},
-              rows);
+  s.doc.table(
+      {"optimizer", "trial", "batch", "lr", "reached", "samples to target", "seconds to target", "final accuracy"},
+      rows);
   plot_convergence(s.written(s.png("convergence")), curves, target, s.name + ": convergence of the best trials");
   s.doc.image(s.png("convergence"), "eval accuracy vs samples of the best trial per optimizer");
 }
@@ -238,12 +240,12 @@ void pareto_section(const StudyContext& s) {
     s.doc.para("No trial reached the target.");
     return;
   }
-  s.doc.para("A larger batch is better (more parallelism) unless it needs more samples; the front keeps the "
-             "trials no other trial beats on both.");
+  s.doc.para(
+      "A larger batch is better (more parallelism) unless it needs more samples; the front keeps the "
+      "trials no other trial beats on both.");
   std::vector<std::vector<std::string>> rows;
   for (const auto& p : front)
-    rows.push_back({std::to_string(p.batch), format_number(p.samples_to_target), p.optimizer,
-                    std::to_string(p.trial)});
+    rows.push_back({std::to_string(p.batch), format_number(p.samples_to_target), p.optimizer, std::to_string(p.trial)});
   s.doc.table({"batch", "samples to target", "optimizer", "trial"}, rows);
   plot_pareto(s.written(s.png("pareto")), points, front, s.name + ": samples to target vs batch size");
   s.doc.image(s.png("pareto"), "Pareto front of samples to target vs batch size");
@@ -287,8 +289,7 @@ struct ConfirmGroups {
 void add_confirm_summary(const ConfirmSummary& s, const std::vector<ConfirmRun>& runs, ConfirmGroups& g) {
   std::vector<double> xs;
   for (const auto& r : runs)
-    if (r.optimizer == s.optimizer && r.batch == s.batch && r.session == s.session && r.reached &&
-        r.samples_to_target)
+    if (r.optimizer == s.optimizer && r.batch == s.batch && r.session == s.session && r.reached && r.samples_to_target)
       xs.push_back(*r.samples_to_target);
   if (s.batch > 0)
     for (double x : xs) {
@@ -308,10 +309,11 @@ void add_confirm_summary(const ConfirmSummary& s, const std::vector<ConfirmRun>&
 
 // Critical batch size per optimizer, and the plot over batch sizes.
 void critical_batch_part(const StudyContext& s, ConfirmGroups& g) {
-  s.doc.para("Critical batch size per optimizer: E(B) = E_min (1 + B / B_crit) fitted by least squares to the "
-             "samples to target of every confirmation run that reached the target (McCandlish et al. 2018). "
-             "S_min = E_min / B_crit is the fewest optimizer steps; past B_crit a larger batch mostly buys "
-             "fewer steps at the cost of more samples.");
+  s.doc.para(
+      "Critical batch size per optimizer: E(B) = E_min (1 + B / B_crit) fitted by least squares to the "
+      "samples to target of every confirmation run that reached the target (McCandlish et al. 2018). "
+      "S_min = E_min / B_crit is the fewest optimizer steps; past B_crit a larger batch mostly buys "
+      "fewer steps at the cost of more samples.");
   std::vector<std::vector<std::string>> fit_rows;
   for (const auto& [opt, b] : g.series) {
     const auto& [bs, es] = g.fit_points[opt];
@@ -341,9 +343,10 @@ void confirm_section(const StudyContext& s) {
   const auto runs = confirm.runs();
   if (runs.empty()) return;
   s.doc.heading(3, "Confirmation runs (study confirm)");
-  s.doc.para("The best config of each optimizer (or of each optimizer and batch size, `study confirm "
-             "--per-batch`) re-run with several seeds: samples to target over the seeds that reached the target "
-             "(latest confirm session of each pair; batch 0 = a run recorded before batches were stored).");
+  s.doc.para(
+      "The best config of each optimizer (or of each optimizer and batch size, `study confirm "
+      "--per-batch`) re-run with several seeds: samples to target over the seeds that reached the target "
+      "(latest confirm session of each pair; batch 0 = a run recorded before batches were stored).");
   std::vector<std::vector<std::string>> rows;
   ConfirmGroups g;
   for (const auto& c : summarize_confirm(runs)) {
@@ -370,7 +373,8 @@ void environment_section(const StudyContext& s) {
   std::vector<std::vector<std::string>> rows;
   for (const auto& [k, v] : s.store.environment()) rows.push_back({k, v});
   if (rows.empty()) s.doc.para("No environment recorded.");
-  else s.doc.table({"key", "value"}, rows);
+  else
+    s.doc.table({"key", "value"}, rows);
 }
 
 void study_section(Document& doc, const std::string& name, const std::string& dir, const std::string& out_dir,

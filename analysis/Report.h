@@ -14,7 +14,7 @@ struct ReportOptions {
 
 struct ReportFiles {
   std::string markdown, html;
-  std::vector<std::string> images;   // PNG paths written
+  std::vector<std::string> images;  // PNG paths written
 };
 
 // Throws StudyError for an unknown study.

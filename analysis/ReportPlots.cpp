@@ -42,7 +42,8 @@ py::object optional_list(const std::vector<HistoryPoint>& h, bool best) {
   for (const auto& p : h) {
     const auto& v = best ? p.best_so_far : p.value;
     if (v) out.append(*v);
-    else out.append(py::none());
+    else
+      out.append(py::none());
   }
   return out;
 }

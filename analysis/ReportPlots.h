@@ -15,9 +15,9 @@ struct Curve {
 };
 
 struct Importance {
-  std::string evaluator;                                // e.g. FanovaImportanceEvaluator; empty when none
-  std::vector<std::pair<std::string, double>> values;   // most important first
-  std::string message;                                  // why there are none ("not enough trials ...")
+  std::string evaluator;                               // e.g. FanovaImportanceEvaluator; empty when none
+  std::vector<std::pair<std::string, double>> values;  // most important first
+  std::string message;                                 // why there are none ("not enough trials ...")
   bool available() const { return !evaluator.empty(); }
 };
 

@@ -143,13 +143,15 @@ std::vector<TrialRecord> best_per_optimizer(const std::vector<TrialRecord>& tria
 std::vector<TrialRecord> best_per_optimizer_and_batch(const std::vector<TrialRecord>& trials,
                                                       const StudyObjective& objective) {
   std::map<std::pair<std::string, int64_t>, TrialRecord> best;
-  for (const auto& t : rank_trials(trials, objective)) best.emplace(std::make_pair(trial_optimizer(t), trial_batch(t)), t);
+  for (const auto& t : rank_trials(trials, objective))
+    best.emplace(std::make_pair(trial_optimizer(t), trial_batch(t)), t);
   std::vector<TrialRecord> out;
   for (auto& kv : best) out.push_back(kv.second);
   return out;
 }
 
-std::vector<HistoryPoint> optimization_history(const std::vector<TrialRecord>& trials, const StudyObjective& objective) {
+std::vector<HistoryPoint> optimization_history(const std::vector<TrialRecord>& trials,
+                                               const StudyObjective& objective) {
   std::vector<HistoryPoint> out;
   std::optional<double> best;
   for (const auto& t : trials) {
@@ -183,7 +185,8 @@ CriticalBatchFit fit_critical_batch(const std::vector<double>& batch, const std:
   f.s_min = b;
   const double tol = 1e-9 * std::abs(my);  // rounding must not turn "proportional" into a tiny B_crit
   if (b * mx <= tol) f.kind = CriticalBatchFit::Kind::kAboveRange;
-  else if (a <= tol) f.kind = CriticalBatchFit::Kind::kBelowRange;
+  else if (a <= tol)
+    f.kind = CriticalBatchFit::Kind::kBelowRange;
   else {
     f.kind = CriticalBatchFit::Kind::kFit;
     f.b_crit = a / b;

@@ -19,9 +19,9 @@
 #include "optimizers/Clipping.h"
 #include "optimizers/Optimizer.h"
 #include "trainer/BertModel.h"
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 #include "trainer/CudaDevice.h"
-#include "trainer/GradientBucketer.h"
+#include "distributed/GradientBucketer.h"
 #include "trainer/MixedPrecision.h"
 
 namespace {
@@ -47,9 +47,24 @@ ModelConfig model_config(const std::string& size, int64_t vocab) {
   m.vocab_size = vocab;
   m.max_position = 512;
   m.dropout = 0.0;  // deterministic comparisons
-  if (size == "tiny") { m.hidden = 128; m.layers = 2; m.heads = 2; m.intermediate = 512; }
-  if (size == "mini") { m.hidden = 256; m.layers = 4; m.heads = 4; m.intermediate = 1024; }
-  if (size == "large") { m.hidden = 1024; m.layers = 24; m.heads = 16; m.intermediate = 4096; }
+  if (size == "tiny") {
+    m.hidden = 128;
+    m.layers = 2;
+    m.heads = 2;
+    m.intermediate = 512;
+  }
+  if (size == "mini") {
+    m.hidden = 256;
+    m.layers = 4;
+    m.heads = 4;
+    m.intermediate = 1024;
+  }
+  if (size == "large") {
+    m.hidden = 1024;
+    m.layers = 24;
+    m.heads = 16;
+    m.intermediate = 4096;
+  }
   return m;
 }
 
@@ -215,8 +230,9 @@ Check bucketer_equals_local(torch::Device dev) {
   }
   const bool ok = bucketer.buckets_are_views() && worst < 1e-4 && std::isfinite(stats.grad_norm);
   return {"bucketer_equals_local", ok ? "passed" : "failed",
-          std::to_string(bucketer.num_buckets()) + " buckets" + (bucketer.buckets_are_views() ? " (views)" : " (COPIES)") +
-              ", " + comm->backend() + fmt(", worst %.2e relative, norm %.4g", worst, stats.grad_norm)};
+          std::to_string(bucketer.num_buckets()) + " buckets" +
+              (bucketer.buckets_are_views() ? " (views)" : " (COPIES)") + ", " + comm->backend() +
+              fmt(", worst %.2e relative, norm %.4g", worst, stats.grad_norm)};
 }
 
 // 5. Mixed precision: bf16 compute copy, fp32 masters, LAMB; the loss on a fixed batch falls without NaN.
@@ -256,9 +272,12 @@ Check bf16_loss_falls(torch::Device dev, bool quick) {
 
 // Dense bf16 peak of the GPU (TFLOP/s, no sparsity), from its name; 0 when unknown.
 double bf16_peak_tflops(const std::string& name) {
-  struct Peak { const char* key; double tflops; };
+  struct Peak {
+    const char* key;
+    double tflops;
+  };
   static const Peak peaks[] = {{"H200", 989.4}, {"H100 PCIe", 756.0}, {"H100", 989.4}, {"A100", 312.0},
-                               {"L40S", 362.1}, {"A10", 125.0}, {"L4", 121.0}};
+                               {"L40S", 362.1}, {"A10", 125.0},       {"L4", 121.0}};
   for (const auto& p : peaks)
     if (name.find(p.key) != std::string::npos) return p.tflops;
   return 0;
@@ -315,9 +334,16 @@ Check large_throughput(torch::Device dev, const Options& o, bs::JsonWriter& resu
   const double tflops = bs::training_flops(cfg, B, L, B * 20) / s / 1e12;
   const std::string gpu = dev.is_cuda() ? bs::cuda_device_info(dev.index()).name : "cpu";
   const double peak = bf16_peak_tflops(gpu);
-  result.add("model", o.quick ? "tiny" : "large").add("batch", B).add("seq_len", L).add("step_seconds", s)
-      .add("tokens_per_s", double(B * L) / s).add("model_tflops", tflops).add("gpu", gpu).add("bf16_peak_tflops", peak)
-      .add("mfu", peak > 0 ? tflops / peak : 0.0).add("final_loss", loss_v);
+  result.add("model", o.quick ? "tiny" : "large")
+      .add("batch", B)
+      .add("seq_len", L)
+      .add("step_seconds", s)
+      .add("tokens_per_s", double(B * L) / s)
+      .add("model_tflops", tflops)
+      .add("gpu", gpu)
+      .add("bf16_peak_tflops", peak)
+      .add("mfu", peak > 0 ? tflops / peak : 0.0)
+      .add("final_loss", loss_v);
   const bool mfu_ok = peak > 0 && tflops / peak >= 0.40;
   const bool ok = std::isfinite(loss_v) && (o.quick || mfu_ok);
   return {"large_throughput", ok ? "passed" : "failed",
@@ -339,13 +365,18 @@ int main(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--device") o.device = next();
-    else if (a == "--json") o.json = next();
-    else if (a == "--large-batch") o.large_batch = std::atoll(next().c_str());
-    else if (a == "--large-steps") o.large_steps = std::atoll(next().c_str());
-    else if (a == "--quick") o.quick = true;
+    else if (a == "--json")
+      o.json = next();
+    else if (a == "--large-batch")
+      o.large_batch = std::atoll(next().c_str());
+    else if (a == "--large-steps")
+      o.large_steps = std::atoll(next().c_str());
+    else if (a == "--quick")
+      o.quick = true;
     else {
-      std::fprintf(stderr, "usage: bench_gpu_check [--device cuda|cpu] [--json FILE] [--large-batch N] "
-                           "[--large-steps N] [--quick]\n");
+      std::fprintf(stderr,
+                   "usage: bench_gpu_check [--device cuda|cpu] [--json FILE] [--large-batch N] "
+                   "[--large-steps N] [--quick]\n");
       return a == "--help" || a == "-h" ? 0 : 2;
     }
   }
@@ -357,10 +388,12 @@ int main(int argc, char** argv) {
   const torch::Device dev = o.device == "cuda" ? torch::Device(torch::kCUDA, 0) : torch::Device(torch::kCPU);
   if (dev.is_cuda()) bs::set_cuda_device(0);
   bs::JsonWriter large;
-  std::vector<std::function<Check()>> checks = {
-      [&] { return forward_backward_matches_cpu(dev); }, [&] { return flat_optimizers_vs_float64(dev); },
-      [&] { return nccl_allreduce(dev); },               [&] { return bucketer_equals_local(dev); },
-      [&] { return bf16_loss_falls(dev, o.quick); },     [&] { return large_throughput(dev, o, large); }};
+  std::vector<std::function<Check()>> checks = {[&] { return forward_backward_matches_cpu(dev); },
+                                                [&] { return flat_optimizers_vs_float64(dev); },
+                                                [&] { return nccl_allreduce(dev); },
+                                                [&] { return bucketer_equals_local(dev); },
+                                                [&] { return bf16_loss_falls(dev, o.quick); },
+                                                [&] { return large_throughput(dev, o, large); }};
   int passed = 0, failed = 0;
   std::string rows;
   for (auto& run : checks) {
@@ -374,8 +407,8 @@ int main(int argc, char** argv) {
     failed += c.status == "failed";
     std::printf("%-30s %-8s %s\n", c.name.c_str(), c.status.c_str(), c.detail.c_str());
     std::fflush(stdout);
-    rows += (rows.empty() ? "" : ",") + bs::JsonWriter().add("name", c.name).add("status", c.status)
-                                            .add("detail", c.detail).str();
+    rows += (rows.empty() ? "" : ",") +
+            bs::JsonWriter().add("name", c.name).add("status", c.status).add("detail", c.detail).str();
   }
   std::printf("%d passed, %d failed\n", passed, failed);
   const std::string device = dev.is_cuda() ? bs::cuda_device_info(0).describe() : "cpu";

@@ -43,7 +43,8 @@ Shapes bert_base_shapes(int layers) {
               {"embeddings.LayerNorm.bias", {H}}};
   for (int l = 0; l < layers; ++l) {
     const std::string p = "encoder.layer." + std::to_string(l) + ".";
-    for (const char* m : {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"}) {
+    for (const char* m :
+         {"attention.self.query", "attention.self.key", "attention.self.value", "attention.output.dense"}) {
       s.push_back({p + m + ".weight", {H, H}});
       s.push_back({p + m + ".bias", {H}});
     }
@@ -119,11 +120,16 @@ Options parse(int argc, char** argv) {
       return argv[++i];
     };
     if (a == "--out") o.out = next();
-    else if (a == "--steps") o.steps = std::stoi(next());
-    else if (a == "--warmup") o.warmup = std::stoi(next());
-    else if (a == "--layers") o.layers = std::stoi(next());
-    else if (a == "--threads") o.threads = std::stoi(next());
-    else if (a == "--optimizers") o.optimizers = split(next());
+    else if (a == "--steps")
+      o.steps = std::stoi(next());
+    else if (a == "--warmup")
+      o.warmup = std::stoi(next());
+    else if (a == "--layers")
+      o.layers = std::stoi(next());
+    else if (a == "--threads")
+      o.threads = std::stoi(next());
+    else if (a == "--optimizers")
+      o.optimizers = split(next());
     else if (a == "--help" || a == "-h") {
       std::cout << "bench_optimizer_step [--out FILE.json|FILE.csv] [--steps N=3] [--warmup N=1] [--layers L=12]\n"
                    "                     [--optimizers adam,adamw,lamb,nvlamb,lans,sgd] [--threads T]\n";

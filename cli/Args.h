@@ -5,11 +5,11 @@
 #include <string>
 #include <vector>
 
+#include "common/Errors.h"
+
 namespace bs::cli {
 
-struct UsageError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
+using bs::UsageError;
 
 class Args {
  public:

@@ -1,4 +1,4 @@
-// bertsweep data prepare|inspect: parse options, call trainer/PretrainingData and trainer/ShardIO.
+// bertsweep data prepare|inspect: parse options, call trainer/PretrainingData and dataset/ShardIO.
 #include <algorithm>
 #include <filesystem>
 #include <fstream>
@@ -8,21 +8,23 @@
 
 #include "cli/Args.h"
 #include "cli/Commands.h"
-#include "common/ExitCodes.h"
-#include "trainer/PretrainingData.h"
-#include "trainer/ShardIO.h"
+#include "common/Errors.h"
+#include "dataset/PretrainingData.h"
+#include "dataset/ShardIO.h"
 
 namespace bs::cli {
 namespace fs = std::filesystem;
 namespace {
 
-const char* kDataUsage = R"(usage: bertsweep data prepare --corpus brown|DIR (--vocab FILE | --vocab-size N) --seq-len 128 --out DIR [options]
+const char* kDataUsage =
+    R"(usage: bertsweep data prepare --corpus brown|DIR (--vocab FILE | --vocab-size N) --seq-len 128 --out DIR [options]
        bertsweep data inspect DIR|FILE.hdf5
 
 Run `bertsweep data prepare --help` or `bertsweep data inspect --help` for details.
 )";
 
-const char* kPrepareUsage = R"(usage: bertsweep data prepare --corpus brown|DIR (--vocab FILE | --vocab-size N) --seq-len 128 --out DIR [options]
+const char* kPrepareUsage =
+    R"(usage: bertsweep data prepare --corpus brown|DIR (--vocab FILE | --vocab-size N) --seq-len 128 --out DIR [options]
 
 Makes BERT pretraining data (as BERT's create_pretraining_data) in MLPerf's HDF5 layout:
 DIR/train_00000.hdf5 ..., DIR/eval.hdf5 (held-out documents, masks fixed), DIR/vocab.txt, DIR/meta.yaml.
@@ -70,7 +72,8 @@ double to_double(const Args& a, const std::string& name, double fallback) {
 
 long long positive_int(const Args& a, const std::string& name, long long fallback, long long min = 1) {
   long long v = a.get_int(name, fallback);
-  if (v < min) throw UsageError("option --" + name + " must be at least " + std::to_string(min) + ", got " + std::to_string(v));
+  if (v < min)
+    throw UsageError("option --" + name + " must be at least " + std::to_string(min) + ", got " + std::to_string(v));
   return v;
 }
 
@@ -141,8 +144,8 @@ void describe(std::ostream& out, const std::string& label, const ShardData& d, i
   }
   out << ", seq_len " << d.seq_len() << ", max_predictions " << d.max_predictions() << "\n";
   out << "  datasets: input_ids/input_mask/segment_ids [" << d.size() << "," << d.seq_len()
-      << "], masked_lm_positions/masked_lm_ids [" << d.size() << "," << d.max_predictions() << "], next_sentence_labels ["
-      << d.size() << "]\n";
+      << "], masked_lm_positions/masked_lm_ids [" << d.size() << "," << d.max_predictions()
+      << "], next_sentence_labels [" << d.size() << "]\n";
   const double tokens = d.lengths.sum().item<double>();
   const auto masked = d.masked_lm_positions.ne(0);
   const double n_masked = masked.sum().item<double>();
@@ -237,8 +240,8 @@ int data_command(const Argv& args) {
     if (sub == "prepare") return prepare(a);
     if (sub == "inspect") return inspect(a);
   } catch (const DataError& e) {
-    std::cerr << "bertsweep data " << sub << ": data error: " << e.what() << "\n";
-    return exit_code::kData;
+    std::cerr << describe(e, "bertsweep data " + sub) << "\n";
+    return e.exit_code();
   } catch (const std::invalid_argument& e) {
     std::cerr << "bertsweep data " << sub << ": " << e.what() << "\n";
     return exit_code::kUsage;

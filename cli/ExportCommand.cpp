@@ -2,6 +2,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 #include <set>
 
 #include <yaml-cpp/yaml.h>
@@ -11,7 +12,7 @@
 #include "analysis/StudyTables.h"
 #include "cli/Args.h"
 #include "cli/Commands.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 #include "studies/ConfigExport.h"
 #include "studies/StudyStore.h"
@@ -119,118 +120,137 @@ std::string where_hint(const std::vector<TrialRecord>& trials, const TrialFilter
 std::string describe_trial(const TrialRecord& t) {
   return "trial " + std::to_string(t.number) + " (" + analysis::trial_optimizer(t) + ", batch " +
          std::to_string(analysis::trial_batch(t)) + ", " +
-         (t.reached && t.samples_to_target ? "target after " + analysis::format_number(*t.samples_to_target) +
-                                                 " samples"
-                                           : std::string("target not reached")) +
+         (t.reached && t.samples_to_target
+              ? "target after " + analysis::format_number(*t.samples_to_target) + " samples"
+              : std::string("target not reached")) +
          ")";
 }
 
-int export_study(const Args& a) {
-  a.allow_only({"best", "where", "top", "trial", "format", "out", "set", "dir", "scale-lr", "nodes", "gpus-per-node",
-                "help"});
-  if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
-  const std::string name = a.positional()[0];
-  const std::string format = a.get("format", "yaml");
-  if (format != "yaml" && format != "mlperf-json" && format != "nvidia-config")
-    throw UsageError("--format must be yaml, mlperf-json or nvidia-config, got '" + format + "'");
-  const std::string scale_lr = a.get("scale-lr", "none");
-  if (scale_lr != "linear" && scale_lr != "sqrt" && scale_lr != "none")
-    throw UsageError("--scale-lr must be linear, sqrt or none, got '" + scale_lr + "'");
+struct ExportOptions {
+  std::string name, format, scale_lr, out, dir;
   ProductionLayout layout;
-  layout.nodes = a.get_int("nodes", 1);
-  layout.gpus_per_node = a.get_int("gpus-per-node", 1);
-  if (layout.nodes < 1) throw UsageError("--nodes must be >= 1");
-  if (layout.gpus_per_node < 1) throw UsageError("--gpus-per-node must be >= 1");
-  const long long top = a.get_int("top", 1);
-  if (top < 1) throw UsageError("--top must be >= 1");
-  const std::string out = a.get("out", "-");
-  if (top > 1 && out == "-") throw UsageError("--top K needs --out FILE (files FILE-1, FILE-2, ... are written)");
-  const auto filter = TrialFilter::parse(a.all("where"));
-  const auto sets = a.all("set");
-  if (out != "-") {
-    refuse_output_in_study(out, "--out");  // the numbered files of --top lie in the same folder
-    check_output_parent(out);
-  }
+  long long top = 1;
+  std::optional<long long> trial;  // --trial N instead of the best
+  TrialFilter filter;
+  std::vector<std::string> sets;
+};
 
-  const std::string db = existing_study_db(a.get("dir", "studies"), name);
-  StudyStore store(db, StudyStore::Mode::kReadOnly);
-  const auto objective = StudyObjective::of_study(store, name);
-  const auto trials = store.trials();
-  std::vector<TrialRecord> chosen;
-  if (a.has("trial")) {
-    const long long n = a.get_int("trial", -1);
-    auto t = store.trial(n);
-    if (!t) throw StudyError("study '" + name + "' has no trial " + std::to_string(n));
-    if (t->state != trial_state::kComplete)
-      throw StudyError("trial " + std::to_string(n) + " of study '" + name + "' is " + t->state +
-                       ", not COMPLETE: only complete trials are exported");
-    chosen.push_back(*t);
-  } else {
-    auto ranked = rank_trials(trials, objective);
-    if (ranked.empty())
-      throw StudyError("study '" + name + "' has no COMPLETE trial yet (" + std::to_string(trials.size()) +
-                       " trials; see bertsweep study status " + name + ")");
-    ranked = rank_trials(trials, objective, filter);
-    if (ranked.empty())
-      throw StudyError("no COMPLETE trial of study '" + name + "' matches --where " + filter.describe() + " (" +
-                       where_hint(trials, filter) + ")");
-    ranked.resize(std::min<std::size_t>(ranked.size(), static_cast<std::size_t>(top)));
-    chosen = ranked;
+ExportOptions parse_export_options(const Args& a) {
+  a.allow_only(
+      {"best", "where", "top", "trial", "format", "out", "set", "dir", "scale-lr", "nodes", "gpus-per-node", "help"});
+  if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
+  ExportOptions o;
+  o.name = a.positional()[0];
+  o.format = a.get("format", "yaml");
+  if (o.format != "yaml" && o.format != "mlperf-json" && o.format != "nvidia-config")
+    throw UsageError("--format must be yaml, mlperf-json or nvidia-config, got '" + o.format + "'");
+  o.scale_lr = a.get("scale-lr", "none");
+  if (o.scale_lr != "linear" && o.scale_lr != "sqrt" && o.scale_lr != "none")
+    throw UsageError("--scale-lr must be linear, sqrt or none, got '" + o.scale_lr + "'");
+  o.layout.nodes = a.get_int("nodes", 1);
+  o.layout.gpus_per_node = a.get_int("gpus-per-node", 1);
+  if (o.layout.nodes < 1) throw UsageError("--nodes must be >= 1");
+  if (o.layout.gpus_per_node < 1) throw UsageError("--gpus-per-node must be >= 1");
+  o.top = a.get_int("top", 1);
+  if (o.top < 1) throw UsageError("--top must be >= 1");
+  o.out = a.get("out", "-");
+  if (o.top > 1 && o.out == "-") throw UsageError("--top K needs --out FILE (files FILE-1, FILE-2, ... are written)");
+  o.filter = TrialFilter::parse(a.all("where"));
+  o.sets = a.all("set");
+  if (o.out != "-") {
+    refuse_output_in_study(o.out, "--out");  // the numbered files of --top lie in the same folder
+    check_output_parent(o.out);
   }
-  if (static_cast<long long>(chosen.size()) < top)
+  if (a.has("trial")) o.trial = a.get_int("trial", -1);
+  o.dir = a.get("dir", "studies");
+  return o;
+}
+
+// --trial N, or the best --top K complete trials that match --where.
+std::vector<TrialRecord> trials_to_export(const ExportOptions& o, const StudyStore& store) {
+  const auto objective = StudyObjective::of_study(store, o.name);
+  const auto trials = store.trials();
+  if (o.trial) {
+    auto t = store.trial(*o.trial);
+    if (!t) throw StudyError("study '" + o.name + "' has no trial " + std::to_string(*o.trial));
+    if (t->state != trial_state::kComplete)
+      throw StudyError("trial " + std::to_string(*o.trial) + " of study '" + o.name + "' is " + t->state +
+                       ", not COMPLETE: only complete trials are exported");
+    return {*t};
+  }
+  auto ranked = rank_trials(trials, objective);
+  if (ranked.empty())
+    throw StudyError("study '" + o.name + "' has no COMPLETE trial yet (" + std::to_string(trials.size()) +
+                     " trials; see bertsweep study status " + o.name + ")");
+  ranked = rank_trials(trials, objective, o.filter);
+  if (ranked.empty())
+    throw StudyError("no COMPLETE trial of study '" + o.name + "' matches --where " + o.filter.describe() + " (" +
+                     where_hint(trials, o.filter) + ")");
+  ranked.resize(std::min<std::size_t>(ranked.size(), static_cast<std::size_t>(o.top)));
+  return ranked;
+}
+
+// One trial's exported text in o.format, with --set (and --scale-lr) applied.
+std::string export_text(const ExportOptions& o, const TrialRecord& t) {
+  const std::string source = "trial " + std::to_string(t.number);
+  std::vector<std::string> trial_sets = o.sets;
+  if (o.scale_lr != "none") {
+    const TrainConfig trial = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source);
+    const TrainConfig prod = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source, o.sets);
+    const double lr = scaled_learning_rate(trial.optimizer.lr, trial.batch.global, prod.batch.global, o.scale_lr);
+    trial_sets.push_back("optimizer.lr=" + shortest_number(lr));
+    std::cerr << "bertsweep study export: --scale-lr " << o.scale_lr << ": lr " << shortest_number(trial.optimizer.lr)
+              << " at batch " << trial.batch.global << " -> " << shortest_number(lr) << " at batch "
+              << prod.batch.global << "\n";
+  }
+  std::string text = export_yaml(t, trial_sets);
+  const TrainConfig config = TrainConfig::from_yaml(YAML::Load(text), source);
+  const ProductionLayout& layout = o.layout;
+  if (config.batch.global % layout.devices() != 0)
+    throw UsageError("the global batch " + std::to_string(config.batch.global) + " of " + source +
+                     " is not divisible by --nodes " + std::to_string(layout.nodes) + " x --gpus-per-node " +
+                     std::to_string(layout.gpus_per_node) + " = " + std::to_string(layout.devices()) +
+                     " devices; choose a layout that divides it, or --set batch.global=N with N a multiple of " +
+                     std::to_string(layout.devices()));
+  if (o.format == "mlperf-json") text = export_mlperf_json(config, t, o.name, layout);
+  if (o.format == "nvidia-config") text = export_nvidia_config(config, t, o.name, layout);
+  return text;
+}
+
+void write_export(const ExportOptions& o, const TrialRecord& t, const std::string& text, std::size_t index) {
+  if (o.out == "-") {
+    std::cout << text;
+    std::cerr << "bertsweep study export: " << describe_trial(t) << "\n";
+    return;
+  }
+  const std::string path = o.top > 1 ? numbered(o.out, static_cast<int>(index) + 1) : o.out;
+  if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
+  std::error_code ec;
+  if (fs::is_directory(path, ec)) throw UsageError("--out " + path + " is a folder; give a file name");
+  std::ofstream f(path, std::ios::binary);
+  f << text;
+  f.close();
+  if (!f) throw std::runtime_error(path + ": cannot write the exported config (check the folder is writable)");
+  std::cerr << "bertsweep study export: " << describe_trial(t) << " -> " << path << "\n";
+}
+
+int export_study(const Args& a) {
+  const ExportOptions o = parse_export_options(a);
+  StudyStore store(existing_study_db(o.dir, o.name), StudyStore::Mode::kReadOnly);
+  const std::vector<TrialRecord> chosen = trials_to_export(o, store);
+  if (static_cast<long long>(chosen.size()) < o.top)
     std::cerr << "bertsweep study export: only " << chosen.size() << " trial(s) match; writing " << chosen.size()
               << " file(s)\n";
-
-  if (scale_lr != "none")
-    for (const auto& set : sets)
+  if (o.scale_lr != "none")
+    for (const auto& set : o.sets)
       if (set.rfind("optimizer.lr=", 0) == 0)
-        throw UsageError("--scale-lr " + scale_lr + " rescales the trial's learning rate; it cannot be combined with --set " +
-                         set + " (drop one of them)");
+        throw UsageError("--scale-lr " + o.scale_lr +
+                         " rescales the trial's learning rate; it cannot be combined with --set " + set +
+                         " (drop one of them)");
   // Every text first: a layout that does not divide some trial's batch writes nothing.
   std::vector<std::string> texts;
-  for (const TrialRecord& t : chosen) {
-    const std::string source = "trial " + std::to_string(t.number);
-    std::vector<std::string> trial_sets = sets;
-    if (scale_lr != "none") {
-      const TrainConfig trial = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source);
-      const TrainConfig prod = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source, sets);
-      const double lr = scaled_learning_rate(trial.optimizer.lr, trial.batch.global, prod.batch.global, scale_lr);
-      trial_sets.push_back("optimizer.lr=" + shortest_number(lr));
-      std::cerr << "bertsweep study export: --scale-lr " << scale_lr << ": lr " << shortest_number(trial.optimizer.lr)
-                << " at batch " << trial.batch.global << " -> " << shortest_number(lr) << " at batch "
-                << prod.batch.global << "\n";
-    }
-    std::string text = export_yaml(t, trial_sets);
-    const TrainConfig config = TrainConfig::from_yaml(YAML::Load(text), source);
-    if (config.batch.global % layout.devices() != 0)
-      throw UsageError("the global batch " + std::to_string(config.batch.global) + " of " + source +
-                       " is not divisible by --nodes " + std::to_string(layout.nodes) + " x --gpus-per-node " +
-                       std::to_string(layout.gpus_per_node) + " = " + std::to_string(layout.devices()) +
-                       " devices; choose a layout that divides it, or --set batch.global=N with N a multiple of " +
-                       std::to_string(layout.devices()));
-    if (format == "mlperf-json") text = export_mlperf_json(config, t, name, layout);
-    if (format == "nvidia-config") text = export_nvidia_config(config, t, name, layout);
-    texts.push_back(text);
-  }
-
-  for (std::size_t i = 0; i < chosen.size(); ++i) {
-    const TrialRecord& t = chosen[i];
-    const std::string& text = texts[i];
-    if (out == "-") {
-      std::cout << text;
-      std::cerr << "bertsweep study export: " << describe_trial(t) << "\n";
-      continue;
-    }
-    const std::string path = top > 1 ? numbered(out, static_cast<int>(i) + 1) : out;
-    if (fs::path(path).has_parent_path()) fs::create_directories(fs::path(path).parent_path());
-    std::error_code ec;
-    if (fs::is_directory(path, ec)) throw UsageError("--out " + path + " is a folder; give a file name");
-    std::ofstream f(path, std::ios::binary);
-    f << text;
-    f.close();
-    if (!f) throw std::runtime_error(path + ": cannot write the exported config (check the folder is writable)");
-    std::cerr << "bertsweep study export: " << describe_trial(t) << " -> " << path << "\n";
-  }
+  for (const TrialRecord& t : chosen) texts.push_back(export_text(o, t));
+  for (std::size_t i = 0; i < chosen.size(); ++i) write_export(o, chosen[i], texts[i], i);
   return exit_code::kOk;
 }
 
@@ -276,8 +296,7 @@ int confirm_study(const Args& a) {
     throw UsageError("--mllog-dir " + o.mllog_dir + " is not a folder");
   o.per_batch = a.has("per-batch");
   o.include_unreached = a.has("include-unreached");
-  // The trainer is this very executable.
-  o.trainer_exe = fs::read_symlink("/proc/self/exe").string();
+  o.trainer_exe = self_exe();
   const auto result = analysis::run_confirm(o, std::cerr);
   std::cout << analysis::confirm_summary_text(result.summary);
   for (const auto& r : result.runs)
@@ -291,15 +310,9 @@ template <class F>
 int guarded(const std::string& sub, F&& f) {
   try {
     return f();
-  } catch (const StudyError& e) {
-    std::cerr << "bertsweep study " << sub << ": " << e.what() << "\n";
-    return exit_code::kStudy;
-  } catch (const UsageError& e) {
-    std::cerr << "bertsweep study " << sub << ": " << e.what() << " (see bertsweep study " << sub << " --help)\n";
-    return exit_code::kUsage;
-  } catch (const ConfigError& e) {
-    std::cerr << "bertsweep study " << sub << ": config error: " << e.what() << "\n";
-    return exit_code::kUsage;
+  } catch (const Error& e) {  // an unknown study or nothing to export (7), a bad option or config (2)
+    std::cerr << describe(e, "bertsweep study " + sub) << "\n";
+    return e.exit_code();
   } catch (const std::runtime_error& e) {  // a damaged study file, or a write that failed
     std::cerr << "bertsweep study " << sub << ": " << e.what() << "\n";
     return exit_code::kStudy;

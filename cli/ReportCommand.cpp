@@ -4,7 +4,7 @@
 #include "analysis/Report.h"
 #include "cli/Args.h"
 #include "cli/Commands.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 #include "studies/ConfigExport.h"
 
@@ -45,11 +45,9 @@ int report_command(const Argv& args) {
     std::cerr << "bertsweep report: wrote " << files.markdown << ", " << files.html << " and " << files.images.size()
               << " plot(s)\n";
     std::cout << files.html << "\n";
-  } catch (const StudyError& e) {
-    std::cerr << "bertsweep report: " << e.what() << "\n";
-    return exit_code::kStudy;
-  } catch (const ConfigError&) {
-    throw;
+  } catch (const Error& e) {  // an unknown study (7), a bad option or config (2)
+    std::cerr << describe(e, "bertsweep report") << "\n";
+    return e.exit_code();
   } catch (const std::runtime_error& e) {  // a damaged study file (fs errors name the path)
     std::cerr << "bertsweep report: " << e.what() << "\n";
     return exit_code::kStudy;

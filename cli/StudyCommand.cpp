@@ -9,7 +9,7 @@
 
 #include "cli/Args.h"
 #include "cli/Commands.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 #include "search/Controller.h"
 #include "search/Slurm.h"
@@ -55,8 +55,9 @@ bs-{study}-{trial}), queue_timeout}. See configs/studies/.
 Slurm (launcher.kind: srun): each trial is a job (a step when the controller runs inside an allocation,
 e.g. under `study submit`) named by job_name, with cpus_per_trial / ranks CPUs per rank (default: the
 allocation's or this machine's CPUs / (parallel x ranks)). An impossible request is exit 2 before any
-trial (`srun --test-only`). trial_timeout counts from a trial's first event; queue_timeout (seconds,
-0: none) from its launch to that first event. Prune, timeout and a second Ctrl-C stop a trial with
+trial (`srun --test-only`). trial_timeout (any launcher: the longest a trial may go without an event,
+counted from launch) starts for srun trials at their first event; queue_timeout (seconds, 0: none) runs
+from launch to that first event. Prune, timeout and a second Ctrl-C stop a trial with
 `scancel --signal=TERM` (it checkpoints), then cancel it after 10 s. Failure reasons are Slurm's
 (TIMEOUT, CANCELLED, OUT_OF_MEMORY, launch errors; none of these is retried); resume cancels the jobs
 a dead controller left. A study in which every trial failed exits 7.
@@ -69,13 +70,6 @@ shows each trial's GPUs.
 A trial that misses the target scores 2 * target.max_samples (samples_to_target) or
 1e7 + seconds run (seconds_to_target), so it never ranks above one that reached it.
 )";
-
-std::string self_exe() {
-  std::error_code ec;
-  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
-  if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
-  return p.string();
-}
 
 int run_study(search::StudyConfig config, const Args& a) {
   search::ControllerOptions o;
@@ -115,7 +109,8 @@ int submit_study(const Args& a) {
     static const std::regex plain("[A-Za-z0-9_.,:=/+@%-]+");
     for (std::string arg; in >> arg;) {
       if (!std::regex_match(arg, plain) || arg.find("wrap") != std::string::npos)
-        throw UsageError("--sbatch-args: '" + arg + "' is not a plain sbatch option (characters [A-Za-z0-9_.,:=/+@%-], "
+        throw UsageError("--sbatch-args: '" + arg +
+                         "' is not a plain sbatch option (characters [A-Za-z0-9_.,:=/+@%-], "
                          "no --wrap; separate options with spaces)");
       extra.push_back(arg);
     }
@@ -137,7 +132,9 @@ int submit_study(const Args& a) {
                                            std::filesystem::perms::others_read);
   const int ranks = std::max(1, c.launcher.ranks);
   const int per_rank = c.launcher.cpus_per_trial > 0 ? c.launcher.cpus_per_trial / ranks : 1;
-  std::vector<std::string> sbatch = {"sbatch", "--parsable", "--job-name=" + job_name,
+  std::vector<std::string> sbatch = {"sbatch",
+                                     "--parsable",
+                                     "--job-name=" + job_name,
                                      "--output=" + study_dir + "/controller-%j.log",
                                      "--ntasks=" + std::to_string(c.parallel * ranks),
                                      "--cpus-per-task=" + std::to_string(per_rank)};
@@ -201,15 +198,11 @@ int study_command(const Argv& args) {
       }
       return run_study(search::load_stored_study(dir, name), a);
     }
-    if (sub == "export" || sub == "confirm") {
-      std::cerr << "bertsweep study " << sub << ": not built yet in this version\n";
-      return exit_code::kNotBuilt;
-    }
-  } catch (const ConfigError&) {
+  } catch (const ConfigError&) {  // main prints these with their exit code
     throw;
   } catch (const UsageError&) {
     throw;
-  } catch (const std::runtime_error& e) {
+  } catch (const std::runtime_error& e) {  // StudyError, or a damaged study file: exit 7
     std::cerr << "bertsweep study " << sub << ": " << e.what() << "\n";
     return exit_code::kStudy;
   }

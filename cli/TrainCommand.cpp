@@ -3,10 +3,10 @@
 
 #include "cli/Args.h"
 #include "cli/Commands.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
-#include "trainer/Communicator.h"
-#include "trainer/ShardIO.h"
+#include "distributed/Communicator.h"
+#include "dataset/ShardIO.h"
 #include "trainer/Trainer.h"
 
 namespace bs::cli {
@@ -67,21 +67,9 @@ int train_command(const Argv& argv) {
   try {
     train(cfg, opt);
     return exit_code::kOk;
-  } catch (const ConfigError& e) {
-    std::cerr << "bertsweep train: config error: " << e.what() << "\n";
-    return exit_code::kUsage;
-  } catch (const DataError& e) {
-    std::cerr << "bertsweep train: data error: " << e.what() << "\n";
-    return exit_code::kData;
-  } catch (const NonFiniteLoss& e) {
-    std::cerr << "bertsweep train: " << e.what() << "\n";
-    return exit_code::kNonFinite;
-  } catch (const DistributedError& e) {
-    std::cerr << "bertsweep train: distributed error: " << e.what() << "\n";
-    return exit_code::kDistributed;
-  } catch (const Terminated& e) {
-    std::cerr << "bertsweep train: " << e.what() << "\n";
-    return exit_code::kTerminated;
+  } catch (const Error& e) {  // config, data, NaN loss, distributed, terminated: each has its exit code
+    std::cerr << describe(e, "bertsweep train") << "\n";
+    return e.exit_code();
   }
 }
 

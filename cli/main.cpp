@@ -4,12 +4,12 @@
 
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 
 #include "cli/Args.h"
 #include "cli/Commands.h"
-#include "common/ExitCodes.h"
-#include "common/TrainConfig.h"
+#include "common/Errors.h"
 
 namespace {
 const char* kUsage = R"(bertsweep: find the fastest way to train BERT with large-batch optimizers
@@ -22,13 +22,12 @@ usage: bertsweep <command> [options]     (every command takes --help)
   study run      --config FILE [--name NAME] [--dir studies/] [--set key=value]...
   study resume   NAME [--dir studies/]
   study status   NAME [--dir studies/]
+  study submit   --config FILE [--name NAME] [--dir studies/] [--set key=value]... [--sbatch-args "..."]
   study export   NAME --best [--where k=v,...] [--top K] --format yaml|mlperf-json|nvidia-config --out FILE
                  [--scale-lr linear|sqrt|none] [--nodes N --gpus-per-node G]
   study confirm  NAME --seeds 5 [--mllog-dir DIR]
   report         NAME [NAME...] --out DIR
 
-exit codes: 0 ok, 1 internal error, 2 usage/config error, 3 data error, 4 NaN/inf loss,
-            5 distributed error, 6 terminated by signal, 7 study error, 64 not built
 )";
 }  // namespace
 
@@ -48,13 +47,20 @@ void ensure_passive_openmp() {
   setenv("BERTSWEEP_NO_REEXEC", "1", 1);
   execv("/proc/self/exe", g_argv);  // on failure, go on with the default policy
 }
+
+std::string self_exe() {
+  std::error_code ec;
+  auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
+  return p.string();
+}
 }  // namespace bs::cli
 
 int main(int argc, char** argv) {
   g_argv = argv;
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty() || args[0] == "--help" || args[0] == "-h" || args[0] == "help") {
-    std::cout << kUsage;
+    std::cout << kUsage << "\nexit codes: " << bs::exit_codes_summary() << "\n";
     return args.empty() ? bs::exit_code::kUsage : bs::exit_code::kOk;
   }
   if (args[0] == "--version") {
@@ -70,18 +76,16 @@ int main(int argc, char** argv) {
     if (cmd == "train") return bs::cli::train_command(rest);
     if (cmd == "study") return bs::cli::study_command(rest);
     if (cmd == "report") return bs::cli::report_command(rest);
-    std::cerr << "bertsweep: unknown command '" << cmd << "'\n\n" << kUsage;
+    std::cerr << "bertsweep: unknown command '" << cmd << "'\n\n"
+              << kUsage << "\nexit codes: " << bs::exit_codes_summary() << "\n";
     return bs::exit_code::kUsage;
-  } catch (const bs::cli::UsageError& e) {
-    std::cerr << "bertsweep " << cmd << ": " << e.what() << " (see bertsweep " << cmd << " --help)\n";
-    return bs::exit_code::kUsage;
-  } catch (const bs::ConfigError& e) {
-    std::cerr << "bertsweep " << cmd << ": config error: " << e.what() << "\n";
-    return bs::exit_code::kUsage;
+  } catch (const bs::Error& e) {
+    std::cerr << bs::describe(e, "bertsweep " + cmd) << "\n";
+    return e.exit_code();
   } catch (const c10::Error& e) {
     // LibTorch's messages carry a C++ backtrace: only for developers who ask for it.
-    std::cerr << "bertsweep " << cmd << ": internal error: "
-              << (std::getenv("BERTSWEEP_DEBUG") ? e.what() : e.what_without_backtrace())
+    std::cerr << "bertsweep " << cmd
+              << ": internal error: " << (std::getenv("BERTSWEEP_DEBUG") ? e.what() : e.what_without_backtrace())
               << (std::getenv("BERTSWEEP_DEBUG") ? "" : " (BERTSWEEP_DEBUG=1 shows the backtrace)") << "\n";
     return bs::exit_code::kInternal;
   } catch (const std::exception& e) {

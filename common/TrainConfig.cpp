@@ -16,8 +16,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*,
-                              std::vector<std::string>*>;
+using FieldPtr = std::variant<int64_t*, double*, bool*, std::string*, std::vector<int64_t>*, std::vector<std::string>*>;
 struct Field {
   std::string path;
   FieldPtr ptr;
@@ -149,8 +148,10 @@ void assign(const Field& f, const YAML::Node& n, const std::string& source) {
       if (!n.IsScalar()) bad();
       const std::string& s = n.Scalar();
       if (s == "true" || s == "True" || s == "yes" || s == "1") *p = true;
-      else if (s == "false" || s == "False" || s == "no" || s == "0") *p = false;
-      else bad();
+      else if (s == "false" || s == "False" || s == "no" || s == "0")
+        *p = false;
+      else
+        bad();
     }
     void operator()(std::string* p) const {
       if (!n.IsScalar()) bad();
@@ -220,7 +221,8 @@ YAML::Node load_with_extends(const std::string& path, int depth) {
   if (ext.IsScalar()) bases.push_back(ext.Scalar());
   else if (ext.IsSequence())
     for (const auto& e : ext) bases.push_back(e.Scalar());
-  else throw ConfigError(yaml::where(ext, path) + ": `extends` must be a path or a list of paths");
+  else
+    throw ConfigError(yaml::where(ext, path) + ": `extends` must be a path or a list of paths");
   YAML::Node merged(YAML::NodeType::Map);
   for (const auto& b : bases) {
     fs::path p = fs::path(path).parent_path() / b;
@@ -236,7 +238,7 @@ const std::set<std::string>& one_of(const std::string& key) {
       {"optimizer.name", {"adam", "adamw", "lamb", "nvlamb", "lans", "sgd"}},
       {"schedule.name", {"constant", "poly", "linear", "cosine", "inv_sqrt"}},
       {"clip.mode", {"none", "global_after_allreduce", "bucket_before_allreduce", "local_before_allreduce"}},
-      {"distributed.backend", {"none", "mpi", "gloo", "nccl", "auto"}},
+      {"distributed.backend", {"none", "mpi", "nccl", "auto"}},
       {"distributed.grad_dtype", {"fp32", "compute"}},
       {"device", {"auto", "cpu", "cuda"}},
       {"precision", {"auto", "fp32", "bf16", "fp16"}},
@@ -270,7 +272,7 @@ YAML::Node load_file(const std::string& path) {
     YAML::Node root = YAML::Load(in);
     // yaml-cpp keeps both entries of a repeated key and later merges silently keep one: refuse it here.
     std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
-                                                                         const std::string& prefix) {
+                                                                          const std::string& prefix) {
       if (n.IsMap()) {
         std::set<std::string> seen;
         for (const auto& kv : n) {
@@ -323,7 +325,8 @@ YAML::Node merge(YAML::Node base, const YAML::Node& over) {
   for (const auto& kv : over) {
     const std::string k = kv.first.Scalar();
     if (base[k] && base[k].IsMap() && kv.second.IsMap()) base[k] = merge(base[k], kv.second);
-    else base[k] = kv.second;
+    else
+      base[k] = kv.second;
   }
   return base;
 }
@@ -369,7 +372,8 @@ TrainConfig TrainConfig::from_yaml(const YAML::Node& in, const std::string& sour
   std::set<std::string> seen;
   auto once = [&](const std::string& path, const YAML::Node& key) {
     if (!seen.insert(path).second)
-      throw ConfigError(yaml::where(key, source) + ": key '" + path + "' is given twice (YAML would keep only one; "
+      throw ConfigError(yaml::where(key, source) + ": key '" + path +
+                        "' is given twice (YAML would keep only one; "
                         "delete the other)");
   };
   for (const auto& kv : node) {
@@ -383,14 +387,13 @@ TrainConfig TrainConfig::from_yaml(const YAML::Node& in, const std::string& sour
         once(p, kv2.first);
         auto it = by_path.find(p);
         if (it == by_path.end())
-          throw ConfigError(yaml::where(kv2.first, source) + ": unknown key '" + p +
-                            "' (typo? known keys of '" + k + "' are listed by `bertsweep train --help`)");
+          throw ConfigError(yaml::where(kv2.first, source) + ": unknown key '" + p + "' (typo? known keys of '" + k +
+                            "' are listed by `bertsweep train --help`)");
         assign(*it->second, kv2.second, source);
       }
     } else {
       auto it = by_path.find(k);
-      if (it == by_path.end())
-        throw ConfigError(yaml::where(kv.first, source) + ": unknown key '" + k + "'");
+      if (it == by_path.end()) throw ConfigError(yaml::where(kv.first, source) + ": unknown key '" + k + "'");
       assign(*it->second, kv.second, source);
     }
   }
@@ -412,103 +415,136 @@ std::string TrainConfig::to_yaml_string() const {
   return std::string(out.c_str()) + "\n";
 }
 
-void TrainConfig::validate(const std::string& source) const {
-  auto fail = [&](const std::string& key, const std::string& what) {
+namespace {
+
+// Throws the ConfigError of one key: "<source>: key 'k' <what>".
+struct KeyCheck {
+  const std::string& source;
+  void fail(const std::string& key, const std::string& what) const {
     throw ConfigError(source + ": key '" + key + "' " + what);
-  };
-  auto check_one_of = [&](const std::string& key, const std::string& v) {
-    const auto& allowed = one_of(key);
+  }
+  void one_of(const std::string& key, const std::string& v) const {
+    const auto& allowed = bs::one_of(key);
     if (!allowed.count(v)) {
       std::string list;
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
       fail(key, "is '" + v + "'; must be one of: " + list);
     }
-  };
-  check_one_of("data.sampler", data.sampler);
-  check_one_of("optimizer.name", optimizer.name);
-  check_one_of("schedule.name", schedule.name);
-  check_one_of("clip.mode", clip.mode);
-  check_one_of("distributed.backend", distributed.backend);
-  check_one_of("distributed.grad_dtype", distributed.grad_dtype);
-  check_one_of("device", device);
-  check_one_of("precision", precision);
-  check_one_of("log.submission_division", log.submission_division);
-  check_one_of("log.submission_status", log.submission_status);
-  if (log.submission_org.empty()) fail("log.submission_org", "must not be empty (the MLLOG's submission_org)");
-  if (log.submission_division == "closed") {
-    // What MLPerf training 5.0.0 asks of a closed BERT run that a config can show: the reference optimizer
-    // (LAMB: the checker's closed_bert rules want the opt_lamb_* keys), the quality target 0.720 (the
-    // checker wants an eval_accuracy >= 0.720) and the start from the phase-1 checkpoint.
-    if (optimizer.name != "lamb" && optimizer.name != "nvlamb")
-      fail("log.submission_division", "is 'closed', but optimizer.name is '" + optimizer.name +
+  }
+};
+
+// What MLPerf training 5.0.0 asks of a closed BERT run that a config can show: the reference optimizer
+// (LAMB: the checker's closed_bert rules want the opt_lamb_* keys), the quality target 0.720 (the
+// checker wants an eval_accuracy >= 0.720) and the start from the phase-1 checkpoint.
+void check_closed_division(const TrainConfig& c, const KeyCheck& k) {
+  if (c.optimizer.name != "lamb" && c.optimizer.name != "nvlamb")
+    k.fail("log.submission_division", "is 'closed', but optimizer.name is '" + c.optimizer.name +
                                           "': MLPerf's closed BERT rules allow only LAMB (lamb or nvlamb); "
                                           "set log.submission_division: open or optimizer.name: lamb");
-    if (target.mlm_accuracy < 0.720)
-      fail("log.submission_division", "is 'closed', but target.mlm_accuracy is " + std::to_string(target.mlm_accuracy) +
+  if (c.target.mlm_accuracy < 0.720)
+    k.fail("log.submission_division", "is 'closed', but target.mlm_accuracy is " +
+                                          std::to_string(c.target.mlm_accuracy) +
                                           ": closed BERT runs train to masked-LM accuracy 0.720; set "
                                           "target.mlm_accuracy: 0.72 or log.submission_division: open");
-    if (model.init_checkpoint.empty())
-      fail("log.submission_division", "is 'closed', but model.init_checkpoint is not set: closed BERT runs start "
-                                          "from the phase-1 checkpoint; set model.init_checkpoint or "
-                                          "log.submission_division: open");
-  }
-  if (model.vocab_size < 0) fail("model.vocab_size", "must be >= 0 (0: from the dataset)");
-  if (model.hidden <= 0) fail("model.hidden", "must be > 0");
-  if (model.layers <= 0) fail("model.layers", "must be > 0");
+  if (c.model.init_checkpoint.empty())
+    k.fail("log.submission_division",
+           "is 'closed', but model.init_checkpoint is not set: closed BERT runs start "
+           "from the phase-1 checkpoint; set model.init_checkpoint or "
+           "log.submission_division: open");
+}
+
+void check_model(const ModelConfig& m, const KeyCheck& k) {
+  if (m.vocab_size < 0) k.fail("model.vocab_size", "must be >= 0 (0: from the dataset)");
+  if (m.hidden <= 0) k.fail("model.hidden", "must be > 0");
+  if (m.layers <= 0) k.fail("model.layers", "must be > 0");
   // Sizes past these are typos, not models (BERT-large is 24 x 1024, vocab 30522, 512 positions): the
   // memory estimate below catches what is in range but does not fit.
-  if (model.vocab_size > 1000000) fail("model.vocab_size", "must be <= 1,000,000");
-  if (model.hidden > 16384) fail("model.hidden", "must be <= 16384");
-  if (model.layers > 512) fail("model.layers", "must be <= 512");
-  if (model.intermediate > 65536) fail("model.intermediate", "must be <= 65536");
-  if (model.max_position > 65536) fail("model.max_position", "must be <= 65536");
-  if (model.type_vocab_size < 2 || model.type_vocab_size > 16)
-    fail("model.type_vocab_size", "must be in [2, 16] (BERT's two segments need 2)");
-  if (model.heads > model.hidden) fail("model.heads", "must be <= model.hidden");
-  if (model.heads <= 0 || model.hidden % model.heads != 0)
-    fail("model.heads", "must be > 0 and divide model.hidden (" + std::to_string(model.hidden) + ")");
-  if (model.intermediate <= 0) fail("model.intermediate", "must be > 0");
-  if (model.max_position <= 0) fail("model.max_position", "must be > 0");
-  if (model.dropout < 0 || model.dropout >= 1) fail("model.dropout", "must be in [0, 1)");
-  if (data.seq_len <= 1) fail("data.seq_len", "must be > 1");
-  if (data.seq_len > model.max_position)
-    fail("data.seq_len", "(" + std::to_string(data.seq_len) + ") exceeds model.max_position (" +
-                             std::to_string(model.max_position) + "); raise max_position or shorten seq_len");
-  if (data.presort_group < 1) fail("data.presort_group", "must be >= 1");
-  for (std::size_t i = 0; i < data.strata.size(); ++i)
-    if (data.strata[i] <= 0 || (i > 0 && data.strata[i] <= data.strata[i - 1]))
-      fail("data.strata", "must be increasing positive length bounds");
-  if (!(optimizer.lr > 0)) fail("optimizer.lr", "must be > 0");
-  if (optimizer.beta1 < 0 || optimizer.beta1 >= 1) fail("optimizer.beta1", "must be in [0, 1)");
-  if (optimizer.beta2 < 0 || optimizer.beta2 >= 1) fail("optimizer.beta2", "must be in [0, 1)");
-  if (!(optimizer.eps > 0)) fail("optimizer.eps", "must be > 0");
-  if (optimizer.weight_decay < 0) fail("optimizer.weight_decay", "must be >= 0");
-  if (optimizer.momentum < 0 || optimizer.momentum >= 1) fail("optimizer.momentum", "must be in [0, 1)");
-  if (schedule.warmup_fraction < 0 || schedule.warmup_fraction > 1)
-    fail("schedule.warmup_fraction", "must be in [0, 1]");
-  if (schedule.warmup_steps < -1) fail("schedule.warmup_steps", "must be >= 0 (or -1: use warmup_fraction)");
-  if (schedule.power <= 0) fail("schedule.power", "must be > 0");
-  if (schedule.total_steps < 0) fail("schedule.total_steps", "must be >= 0 (0: target.max_samples / batch.global)");
-  if (schedule.start_warmup_step < 0) fail("schedule.start_warmup_step", "must be >= 0");
-  if (schedule.end_lr < 0) fail("schedule.end_lr", "must be >= 0");
-  if (batch.global <= 0) fail("batch.global", "must be > 0");
-  if (batch.micro <= 0) fail("batch.micro", "must be > 0");
-  if (batch.micro > batch.global)
-    fail("batch.micro", "(" + std::to_string(batch.micro) + ") is larger than batch.global (" +
-                            std::to_string(batch.global) + "): a micro-batch is a part of one rank's share of the "
-                            "global batch; set batch.micro <= batch.global");
-  if (clip.max_norm <= 0) fail("clip.max_norm", "must be > 0");
-  if (clip.bucket_mb <= 0) fail("clip.bucket_mb", "must be > 0");
-  if (distributed.timeout_s <= 0) fail("distributed.timeout_s", "must be > 0");
-  if (target.mlm_accuracy <= 0 || target.mlm_accuracy > 1) fail("target.mlm_accuracy", "must be in (0, 1]");
-  if (target.max_samples <= 0) fail("target.max_samples", "must be > 0");
-  if (target.eval_every_samples <= 0) fail("target.eval_every_samples", "must be > 0");
-  if (checkpoint.every_samples < 0) fail("checkpoint.every_samples", "must be >= 0");
-  if (threads < 0 || threads > 1024) fail("threads", "must be in [0, 1024] (0: this process's share of the cores)");
-  if (seed < 0) fail("seed", "must be >= 0");
-  if (data.eval_samples < 0) fail("data.eval_samples", "must be >= 0 (0: the whole eval set)");
-  if (log.progress_every_steps < 1) fail("log.progress_every_steps", "must be >= 1");
-  if (data.seq_len > 65536) fail("data.seq_len", "must be <= 65536");
+  if (m.vocab_size > 1000000) k.fail("model.vocab_size", "must be <= 1,000,000");
+  if (m.hidden > 16384) k.fail("model.hidden", "must be <= 16384");
+  if (m.layers > 512) k.fail("model.layers", "must be <= 512");
+  if (m.intermediate > 65536) k.fail("model.intermediate", "must be <= 65536");
+  if (m.max_position > 65536) k.fail("model.max_position", "must be <= 65536");
+  if (m.type_vocab_size < 2 || m.type_vocab_size > 16)
+    k.fail("model.type_vocab_size", "must be in [2, 16] (BERT's two segments need 2)");
+  if (m.heads > m.hidden) k.fail("model.heads", "must be <= model.hidden");
+  if (m.heads <= 0 || m.hidden % m.heads != 0)
+    k.fail("model.heads", "must be > 0 and divide model.hidden (" + std::to_string(m.hidden) + ")");
+  if (m.intermediate <= 0) k.fail("model.intermediate", "must be > 0");
+  if (m.max_position <= 0) k.fail("model.max_position", "must be > 0");
+  if (m.dropout < 0 || m.dropout >= 1) k.fail("model.dropout", "must be in [0, 1)");
+}
+
+void check_data(const DataConfig& d, int64_t max_position, const KeyCheck& k) {
+  if (d.seq_len <= 1) k.fail("data.seq_len", "must be > 1");
+  if (d.seq_len > max_position)
+    k.fail("data.seq_len", "(" + std::to_string(d.seq_len) + ") exceeds model.max_position (" +
+                               std::to_string(max_position) + "); raise max_position or shorten seq_len");
+  if (d.presort_group < 1) k.fail("data.presort_group", "must be >= 1");
+  for (std::size_t i = 0; i < d.strata.size(); ++i)
+    if (d.strata[i] <= 0 || (i > 0 && d.strata[i] <= d.strata[i - 1]))
+      k.fail("data.strata", "must be increasing positive length bounds");
+}
+
+void check_optimizer_and_schedule(const OptimizerConfig& o, const ScheduleConfig& s, const KeyCheck& k) {
+  if (!(o.lr > 0)) k.fail("optimizer.lr", "must be > 0");
+  if (o.beta1 < 0 || o.beta1 >= 1) k.fail("optimizer.beta1", "must be in [0, 1)");
+  if (o.beta2 < 0 || o.beta2 >= 1) k.fail("optimizer.beta2", "must be in [0, 1)");
+  if (!(o.eps > 0)) k.fail("optimizer.eps", "must be > 0");
+  if (o.weight_decay < 0) k.fail("optimizer.weight_decay", "must be >= 0");
+  if (o.momentum < 0 || o.momentum >= 1) k.fail("optimizer.momentum", "must be in [0, 1)");
+  if (s.warmup_fraction < 0 || s.warmup_fraction > 1) k.fail("schedule.warmup_fraction", "must be in [0, 1]");
+  if (s.warmup_steps < -1) k.fail("schedule.warmup_steps", "must be >= 0 (or -1: use warmup_fraction)");
+  if (s.power <= 0) k.fail("schedule.power", "must be > 0");
+  if (s.total_steps < 0) k.fail("schedule.total_steps", "must be >= 0 (0: target.max_samples / batch.global)");
+  if (s.start_warmup_step < 0) k.fail("schedule.start_warmup_step", "must be >= 0");
+  if (s.end_lr < 0) k.fail("schedule.end_lr", "must be >= 0");
+}
+
+// Batch, clipping, distribution, target, checkpoints and the run's own keys.
+void check_run(const TrainConfig& c, const KeyCheck& k) {
+  if (c.batch.global <= 0) k.fail("batch.global", "must be > 0");
+  if (c.batch.micro <= 0) k.fail("batch.micro", "must be > 0");
+  if (c.batch.micro > c.batch.global)
+    k.fail("batch.micro", "(" + std::to_string(c.batch.micro) + ") is larger than batch.global (" +
+                              std::to_string(c.batch.global) +
+                              "): a micro-batch is a part of one rank's share of "
+                              "the global batch; set batch.micro <= batch.global");
+  if (c.clip.max_norm <= 0) k.fail("clip.max_norm", "must be > 0");
+  if (c.clip.bucket_mb <= 0) k.fail("clip.bucket_mb", "must be > 0");
+  if (c.distributed.timeout_s <= 0) k.fail("distributed.timeout_s", "must be > 0");
+  if (c.target.mlm_accuracy <= 0 || c.target.mlm_accuracy > 1) k.fail("target.mlm_accuracy", "must be in (0, 1]");
+  if (c.target.max_samples <= 0) k.fail("target.max_samples", "must be > 0");
+  if (c.target.eval_every_samples <= 0) k.fail("target.eval_every_samples", "must be > 0");
+  if (c.checkpoint.every_samples < 0) k.fail("checkpoint.every_samples", "must be >= 0");
+  if (c.threads < 0 || c.threads > 1024)
+    k.fail("threads", "must be in [0, 1024] (0: this process's share of the cores)");
+  if (c.seed < 0) k.fail("seed", "must be >= 0");
+  if (c.data.eval_samples < 0) k.fail("data.eval_samples", "must be >= 0 (0: the whole eval set)");
+  if (c.log.progress_every_steps < 1) k.fail("log.progress_every_steps", "must be >= 1");
+  if (c.data.seq_len > 65536) k.fail("data.seq_len", "must be <= 65536");
+}
+
+}  // namespace
+
+// The checks run in a fixed order: a config with several errors always reports the same one first.
+void TrainConfig::validate(const std::string& source) const {
+  const KeyCheck k{source};
+  k.one_of("data.sampler", data.sampler);
+  k.one_of("optimizer.name", optimizer.name);
+  k.one_of("schedule.name", schedule.name);
+  k.one_of("clip.mode", clip.mode);
+  k.one_of("distributed.backend", distributed.backend);
+  k.one_of("distributed.grad_dtype", distributed.grad_dtype);
+  k.one_of("device", device);
+  k.one_of("precision", precision);
+  k.one_of("log.submission_division", log.submission_division);
+  k.one_of("log.submission_status", log.submission_status);
+  if (log.submission_org.empty()) k.fail("log.submission_org", "must not be empty (the MLLOG's submission_org)");
+  if (log.submission_division == "closed") check_closed_division(*this, k);
+  check_model(model, k);
+  check_data(data, model.max_position, k);
+  check_optimizer_and_schedule(optimizer, schedule, k);
+  check_run(*this, k);
 }
 
 const std::vector<std::string>& TrainConfig::keys() {

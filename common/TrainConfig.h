@@ -1,4 +1,4 @@
-// The training config: typed structs for every key of configs/train/*.yaml (DESIGN.md "Configs").
+// The training config: typed structs for every key of configs/train/*.yaml (README.md "Train").
 // A TrainConfig fully determines a run together with its seed; to_yaml() writes back exactly what load() reads.
 #pragma once
 #include <cstdint>
@@ -6,17 +6,16 @@
 #include <string>
 #include <vector>
 
-namespace YAML { class Node; }
+#include "common/Errors.h"
+
+namespace YAML {
+class Node;
+}
 
 namespace bs {
 
-// A config problem: the message names the file, the key path, the line and what would fix it.
-struct ConfigError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct ModelConfig {
-  int64_t vocab_size = 0;   // 0: take it from the dataset's vocab
+  int64_t vocab_size = 0;  // 0: take it from the dataset's vocab
   int64_t hidden = 128;
   int64_t layers = 2;
   int64_t heads = 2;
@@ -30,53 +29,53 @@ struct ModelConfig {
 };
 
 struct DataConfig {
-  std::string dir;                     // prepared data: train_*.hdf5, eval.hdf5, vocab.txt
-  std::string eval_file;               // default: <dir>/eval.hdf5
+  std::string dir;        // prepared data: train_*.hdf5, eval.hdf5, vocab.txt
+  std::string eval_file;  // default: <dir>/eval.hdf5
   int64_t seq_len = 128;
-  std::string sampler = "random";      // random | global_sort | local_presort | packing
+  std::string sampler = "random";                   // random | global_sort | local_presort | packing
   std::vector<int64_t> strata = {32, 64, 96, 128};  // upper bounds of the length bins (local_presort)
-  int64_t presort_group = 8;           // ranks that presort together (one node); 1 = purely local
-  int64_t eval_samples = 0;            // 0: the whole eval set
+  int64_t presort_group = 8;                        // ranks that presort together (one node); 1 = purely local
+  int64_t eval_samples = 0;                         // 0: the whole eval set
 };
 
 struct OptimizerConfig {
-  std::string name = "adamw";          // adam | adamw | lamb | nvlamb | lans | sgd
+  std::string name = "adamw";  // adam | adamw | lamb | nvlamb | lans | sgd
   double lr = 1e-3;
   double beta1 = 0.9;
   double beta2 = 0.999;
   double eps = 1e-6;
   double weight_decay = 0.01;
   bool bias_correction = true;
-  double momentum = 0.9;               // sgd
-  bool nesterov = false;               // sgd
+  double momentum = 0.9;                                                    // sgd
+  bool nesterov = false;                                                    // sgd
   std::vector<std::string> no_decay = {"bias", "LayerNorm", "layer_norm"};  // name substrings
 };
 
 struct ScheduleConfig {
-  std::string name = "poly";           // constant | poly | linear | cosine | inv_sqrt
-  int64_t warmup_steps = -1;           // -1: use warmup_fraction
+  std::string name = "poly";  // constant | poly | linear | cosine | inv_sqrt
+  int64_t warmup_steps = -1;  // -1: use warmup_fraction
   double warmup_fraction = 0.0;
-  int64_t start_warmup_step = 0;       // MLPerf's warmup start offset
+  int64_t start_warmup_step = 0;  // MLPerf's warmup start offset
   double power = 1.0;
   double end_lr = 0.0;
-  int64_t total_steps = 0;             // 0: target.max_samples / batch.global
+  int64_t total_steps = 0;  // 0: target.max_samples / batch.global
 };
 
 struct BatchConfig {
   int64_t global = 32;
-  int64_t micro = 32;                  // per rank; accumulation = global / (micro * ranks)
+  int64_t micro = 32;  // per rank; accumulation = global / (micro * ranks)
 };
 
 struct ClipConfig {
-  std::string mode = "none";           // none | global_after_allreduce | bucket_before_allreduce | local_before_allreduce
+  std::string mode = "none";  // none | global_after_allreduce | bucket_before_allreduce | local_before_allreduce
   double max_norm = 1.0;
-  double bucket_mb = 4.0;              // gradient bucket size for the overlapped allreduce
+  double bucket_mb = 4.0;  // gradient bucket size for the overlapped allreduce
 };
 
 struct DistributedConfig {
-  std::string backend = "auto";        // none | mpi | gloo | nccl | auto
-  double timeout_s = 120.0;            // a peer silent this long is an error, not a hang
-  std::string grad_dtype = "fp32";     // fp32 | compute: the dtype gradient buckets are all-reduced in
+  std::string backend = "auto";     // none | mpi | nccl | auto
+  double timeout_s = 120.0;         // a peer silent this long is an error, not a hang
+  std::string grad_dtype = "fp32";  // fp32 | compute: the dtype gradient buckets are all-reduced in
 };
 
 struct TargetConfig {
@@ -86,18 +85,18 @@ struct TargetConfig {
 };
 
 struct CheckpointConfig {
-  std::string dir;                     // empty: no checkpoints
-  int64_t every_samples = 0;           // 0: only on SIGTERM
+  std::string dir;            // empty: no checkpoints
+  int64_t every_samples = 0;  // 0: only on SIGTERM
 };
 
 struct LogConfig {
-  std::string mllog;                   // MLPerf-style :::MLLOG file; empty: none
+  std::string mllog;  // MLPerf-style :::MLLOG file; empty: none
   int64_t progress_every_steps = 10;
   // MLPerf submission keys of the MLLOG (training rules 5.0.0): closed only for a run the closed BERT rules allow.
-  std::string submission_division = "open";      // open | closed
+  std::string submission_division = "open";  // open | closed
   std::string submission_org = "bertsweep";
-  std::string submission_platform;               // empty: the CPU model, or the GPU's name on cuda
-  std::string submission_status = "research";    // available | preview | research | onprem | cloud
+  std::string submission_platform;             // empty: the CPU model, or the GPU's name on cuda
+  std::string submission_status = "research";  // available | preview | research | onprem | cloud
 };
 
 struct TrainConfig {
@@ -111,10 +110,10 @@ struct TrainConfig {
   TargetConfig target;
   CheckpointConfig checkpoint;
   LogConfig log;
-  int64_t threads = 0;                 // 0: all cores of this process's share
+  int64_t threads = 0;  // 0: all cores of this process's share
   int64_t seed = 1;
-  std::string device = "auto";         // auto | cpu | cuda
-  std::string precision = "auto";      // auto | fp32 | bf16 | fp16: the compute dtype (masters stay fp32)
+  std::string device = "auto";     // auto | cpu | cuda
+  std::string precision = "auto";  // auto | fp32 | bf16 | fp16: the compute dtype (masters stay fp32)
 
   // Reads a YAML file (following `extends:`), applies `key.path=value` overrides, checks types and ranges.
   static TrainConfig load(const std::string& path, const std::vector<std::string>& sets = {});

@@ -1,4 +1,4 @@
-#include "trainer/Batch.h"
+#include "dataset/Batch.h"
 
 #include <algorithm>
 
@@ -42,8 +42,9 @@ BertBatch collate(const ShardData& data, const MicroBatch& mb, int64_t row_len) 
     int64_t off = 0, seq_no = 0;
     for (int64_t i : row) {
       const int64_t n = len[i];
-      if (off + n > L) throw DataError("collate: row of " + std::to_string(off + n) + " tokens exceeds row length " +
-                                       std::to_string(L));
+      if (off + n > L)
+        throw DataError("collate: row of " + std::to_string(off + n) + " tokens exceeds row length " +
+                        std::to_string(L));
       ++seq_no;
       for (int64_t t = 0; t < n; ++t) {
         const int64_t k = r * L + off + t;

@@ -5,7 +5,7 @@
 
 #include <vector>
 
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 namespace bs {
 

@@ -1,4 +1,4 @@
-#include "trainer/Corpus.h"
+#include "dataset/Corpus.h"
 
 #include <algorithm>
 #include <cctype>
@@ -8,7 +8,7 @@
 #include <regex>
 #include <sstream>
 
-#include "trainer/ShardIO.h"  // DataError
+#include "dataset/ShardIO.h"  // DataError
 
 namespace bs {
 namespace fs = std::filesystem;
@@ -63,7 +63,8 @@ std::string detokenize(const std::vector<std::string>& tokens) {
 
 std::vector<Document> read_brown_corpus(const std::string& dir, int64_t max_docs) {
   std::error_code ec;
-  if (!fs::is_directory(dir, ec)) throw DataError("Brown corpus folder " + dir + " is missing" + brown_missing_hint(dir));
+  if (!fs::is_directory(dir, ec))
+    throw DataError("Brown corpus folder " + dir + " is missing" + brown_missing_hint(dir));
   static const std::regex kName("c[a-r][0-9][0-9]");
   std::vector<fs::path> files;
   for (const auto& e : fs::directory_iterator(dir))

@@ -1,4 +1,4 @@
-#include "trainer/PretrainingData.h"
+#include "dataset/PretrainingData.h"
 
 #include <sys/stat.h>
 #include <unistd.h>
@@ -11,8 +11,8 @@
 #include <fstream>
 #include <sstream>
 
-#include "trainer/Corpus.h"
-#include "trainer/VocabTrainer.h"
+#include "dataset/Corpus.h"
+#include "dataset/VocabTrainer.h"
 
 namespace bs {
 namespace fs = std::filesystem;
@@ -36,8 +36,8 @@ double Rng::uniform() { return static_cast<double>(engine_() >> 11) * (1.0 / 900
 namespace {
 
 struct Instance {
-  std::vector<int32_t> tokens;     // [CLS] A [SEP] B [SEP], masks applied
-  int32_t len_a = 0;               // tokens of segment A (without specials)
+  std::vector<int32_t> tokens;  // [CLS] A [SEP] B [SEP], masks applied
+  int32_t len_a = 0;            // tokens of segment A (without specials)
   bool random_next = false;
   std::vector<std::pair<int32_t, int32_t>> masked;  // (position, original id), sorted by position
 };
@@ -58,9 +58,11 @@ void truncate_pair(std::vector<int32_t>& a, std::vector<int32_t>& b, std::size_t
 void mask_tokens(Instance& inst, const Vocab& vocab, const PretrainingOptions& opts, Rng& rng) {
   std::vector<int32_t> candidates;
   for (std::size_t i = 0; i < inst.tokens.size(); ++i)
-    if (inst.tokens[i] != vocab.cls_id() && inst.tokens[i] != vocab.sep_id()) candidates.push_back(static_cast<int32_t>(i));
+    if (inst.tokens[i] != vocab.cls_id() && inst.tokens[i] != vocab.sep_id())
+      candidates.push_back(static_cast<int32_t>(i));
   rng.shuffle(candidates);
-  const int64_t wanted = std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(inst.tokens.size() * opts.masked_lm_prob)));
+  const int64_t wanted =
+      std::max<int64_t>(1, static_cast<int64_t>(std::nearbyint(inst.tokens.size() * opts.masked_lm_prob)));
   const int64_t to_predict = std::min(opts.max_predictions, wanted);
   const auto& replacements = vocab.ordinary_ids();
   for (int32_t pos : candidates) {
@@ -137,7 +139,8 @@ void instances_from_document(const std::vector<TokenizedDocument>& docs, std::si
   }
 }
 
-ShardData to_shard(const std::vector<Instance>& instances, std::size_t begin, std::size_t end, const PretrainingOptions& opts) {
+ShardData to_shard(const std::vector<Instance>& instances, std::size_t begin, std::size_t end,
+                   const PretrainingOptions& opts) {
   const int64_t n = static_cast<int64_t>(end - begin), s = opts.seq_len, p = opts.max_predictions;
   ShardData d;
   d.input_ids = torch::zeros({n, s}, torch::kInt32);
@@ -230,15 +233,18 @@ void check_dataset_out(const std::string& out, bool force) {
   if (!fs::is_directory(st))
     throw DataError("--out " + out + " exists and is not a folder; bertsweep never replaces it (give a new folder)");
   if (fs::is_empty(p, ec)) return;
-  if (!force) throw DataError("--out " + out + " already exists and is not empty (use --force to replace a dataset "
-                              "that `bertsweep data prepare` made)");
+  if (!force)
+    throw DataError("--out " + out +
+                    " already exists and is not empty (use --force to replace a dataset "
+                    "that `bertsweep data prepare` made)");
   // --force: only a folder that this command made, holding nothing else, is replaced.
   std::ifstream meta(p / "meta.yaml");
   std::string first, second;
   std::getline(meta, first);
   std::getline(meta, second);
   if (first.rfind("# bertsweep data prepare", 0) != 0 || second != "format: mlperf-bert-hdf5")
-    throw DataError("--out " + out + " is not a dataset made by `bertsweep data prepare` (no meta.yaml saying so); "
+    throw DataError("--out " + out +
+                    " is not a dataset made by `bertsweep data prepare` (no meta.yaml saying so); "
                     "--force replaces only such a folder, so give a new --out");
   for (const auto& e : fs::directory_iterator(p, ec))
     if (!is_dataset_file(e.path().filename().string()) || !e.is_regular_file(ec))
@@ -267,52 +273,44 @@ ShardData create_pretraining_instances(const std::vector<TokenizedDocument>& doc
   return to_shard(instances, 0, instances.size(), opts);
 }
 
-PrepareSummary prepare_pretraining_data(const PrepareOptions& opts, const std::function<void(const std::string&)>& progress) {
-  auto say = [&](const std::string& s) {
-    if (progress) progress(s);
-  };
-  if (opts.out.empty()) throw std::invalid_argument("the output folder is not set");
-  if (opts.eval_every < 2) throw std::invalid_argument("eval_every must be at least 2");
-  if (opts.shard_size < 1) throw std::invalid_argument("shard_size must be at least 1");
-  const fs::path out = fs::absolute(opts.out).lexically_normal();
-  const fs::path out_path = out.has_filename() ? out : out.parent_path();
-  std::error_code ec;
-  check_dataset_out(out_path.string(), opts.force);
+namespace {
 
-  // 1. Corpus, split by document: every eval_every-th document is held out.
-  std::vector<Document> docs = load_corpus(opts.corpus, opts.max_docs);
-  if (docs.size() < 2) throw DataError("corpus " + opts.corpus + " has " + std::to_string(docs.size()) +
-                                       " documents; at least 2 are needed (one for eval)");
-  std::vector<char> is_eval(docs.size(), 0);
+using Say = std::function<void(const std::string&)>;
+
+// Every eval_every-th document is held out (at least the last one).
+std::vector<char> held_out_documents(std::size_t n, int64_t eval_every) {
+  std::vector<char> is_eval(n, 0);
   bool any_eval = false;
-  for (std::size_t i = 0; i < docs.size(); ++i)
-    if ((static_cast<int64_t>(i) + 1) % opts.eval_every == 0) any_eval = is_eval[i] = 1;
+  for (std::size_t i = 0; i < n; ++i)
+    if ((static_cast<int64_t>(i) + 1) % eval_every == 0) {
+      is_eval[i] = 1;
+      any_eval = true;
+    }
   if (!any_eval) is_eval.back() = 1;
-  PrepareSummary sum;
-  sum.documents = static_cast<int64_t>(docs.size());
-  int64_t sentences = 0;
-  for (const auto& d : docs) sentences += static_cast<int64_t>(d.sentences.size());
-  say("read " + std::to_string(docs.size()) + " documents (" + std::to_string(sentences) + " sentences) from " + opts.corpus);
+  return is_eval;
+}
 
-  // 2. Vocab: given, or trained on the training documents only.
-  Vocab vocab;
+// The given vocab, or WordPiece trained on the training documents only (the eval text stays unseen).
+Vocab vocab_for(const PrepareOptions& opts, const std::vector<Document>& docs, const std::vector<char>& is_eval,
+                const Say& say) {
   if (!opts.vocab_file.empty()) {
-    vocab = Vocab::load(opts.vocab_file);
+    Vocab vocab = Vocab::load(opts.vocab_file);
     say("vocab " + opts.vocab_file + ": " + std::to_string(vocab.size()) + " tokens");
-  } else {
-    VocabTrainerOptions vo;
-    vo.vocab_size = opts.vocab_size;
-    VocabTrainer trainer(vo);
-    for (std::size_t i = 0; i < docs.size(); ++i)
-      if (!is_eval[i])
-        for (const auto& s : docs[i].sentences) trainer.add_text(s);
-    vocab = trainer.train();
-    say("trained a WordPiece vocab of " + std::to_string(vocab.size()) + " tokens from " +
-        std::to_string(trainer.distinct_words()) + " distinct words");
+    return vocab;
   }
-  sum.vocab_size = vocab.size();
+  VocabTrainerOptions vo;
+  vo.vocab_size = opts.vocab_size;
+  VocabTrainer trainer(vo);
+  for (std::size_t i = 0; i < docs.size(); ++i)
+    if (!is_eval[i])
+      for (const auto& s : docs[i].sentences) trainer.add_text(s);
+  Vocab vocab = trainer.train();
+  say("trained a WordPiece vocab of " + std::to_string(vocab.size()) + " tokens from " +
+      std::to_string(trainer.distinct_words()) + " distinct words");
+  return vocab;
+}
 
-  // 3. Tokens.
+Split tokenize_documents(const std::vector<Document>& docs, const std::vector<char>& is_eval, const Vocab& vocab) {
   Tokenizer tokenizer(vocab);
   Split split;
   for (std::size_t i = 0; i < docs.size(); ++i) {
@@ -325,29 +323,132 @@ PrepareSummary prepare_pretraining_data(const PrepareOptions& opts, const std::f
     (is_eval[i] ? split.eval : split.train).push_back(std::move(td));
     (is_eval[i] ? split.eval_tokens : split.train_tokens) += n;
   }
+  return split;
+}
+
+// Refuse before building what would not fit: each instance holds its tokens, segments and mask (int32)
+// plus its predictions, and is built in a vector before it is copied into tensors (about 3x that).
+void check_instances_fit_in_memory(const PretrainingOptions& p, int64_t train_tokens) {
+  const double instances = double(p.dupe_factor) * double(train_tokens) / double(std::max<int64_t>(1, p.seq_len - 3));
+  const double bytes = 3.0 * instances * (3.0 * p.seq_len + 2.0 * p.max_predictions + 2) * 4;
+  const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
+  if (have > 0 && bytes > 0.7 * have) {
+    char buf[200];
+    std::snprintf(buf, sizeof buf, "about %.3g instances needing ~%.1f GiB while this machine has %.1f GiB", instances,
+                  bytes / 1073741824.0, have / 1073741824.0);
+    throw std::invalid_argument("--dupe-factor " + std::to_string(p.dupe_factor) + " with " +
+                                std::to_string(train_tokens) + " training tokens makes " + buf +
+                                "; lower --dupe-factor or use --max-docs");
+  }
+}
+
+// train_00000.hdf5, ... of shard_size instances each; returns their names.
+std::vector<std::string> write_train_shards(const fs::path& dir, const ShardData& train, int64_t shard_size,
+                                            const Say& say) {
+  std::vector<std::string> names;
+  const int64_t n = train.size();
+  const int64_t shards = (n + shard_size - 1) / shard_size;
+  for (int64_t k = 0; k < shards; ++k) {
+    const int64_t b = k * shard_size, e = std::min(n, b + shard_size);
+    char name[32];
+    std::snprintf(name, sizeof name, "train_%05lld.hdf5", static_cast<long long>(k));
+    write_shard((dir / name).string(), train.rows(b, e));
+    names.push_back(name);
+    say("wrote shard " + std::string(name) + " (" + std::to_string(e - b) + " instances)");
+  }
+  return names;
+}
+
+// meta.yaml: how the folder was made, its counts and length histograms (read by `data inspect` and `train`).
+std::string meta_yaml(const PrepareOptions& opts, const PrepareSummary& sum, const Split& split, const ShardData& train,
+                      const ShardData& eval, const std::vector<std::string>& shard_names) {
+  const int64_t bin = std::max<int64_t>(1, opts.pretraining.seq_len / 8);
+  auto masked_count = [](const ShardData& d) { return d.masked_lm_positions.ne(0).sum().item<int64_t>(); };
+  std::ostringstream meta;
+  meta << "# bertsweep data prepare: MLPerf BERT HDF5 layout\n"
+       << "format: mlperf-bert-hdf5\n"
+       << "corpus: " << yaml_quote(opts.corpus) << "\n"
+       << "max_docs: " << opts.max_docs << "\n"
+       << "documents: " << sum.documents << "\n"
+       << "train_documents: " << sum.train_documents << "\n"
+       << "eval_documents: " << sum.eval_documents << "\n"
+       << "eval_every: " << opts.eval_every << "\n"
+       << "vocab: " << yaml_quote(opts.vocab_file.empty() ? "trained" : opts.vocab_file) << "\n"
+       << "vocab_size: " << sum.vocab_size << "\n"
+       << "seed: " << opts.seed << "\n"
+       << "seq_len: " << opts.pretraining.seq_len << "\n"
+       << "max_predictions: " << opts.pretraining.max_predictions << "\n"
+       << "dupe_factor: " << opts.pretraining.dupe_factor << "\n"
+       << "short_seq_prob: " << opts.pretraining.short_seq_prob << "\n"
+       << "masked_lm_prob: " << opts.pretraining.masked_lm_prob << "\n"
+       << "train_tokens: " << split.train_tokens << "\n"
+       << "eval_tokens: " << split.eval_tokens << "\n"
+       << "train_instances: " << sum.train_instances << "\n"
+       << "eval_instances: " << sum.eval_instances << "\n"
+       << "train_masked_positions: " << masked_count(train) << "\n"
+       << "train_random_next: " << train.next_sentence_labels.sum().item<int64_t>() << "\n"
+       << "shard_size: " << opts.shard_size << "\n"
+       << "shards: [";
+  for (std::size_t k = 0; k < shard_names.size(); ++k) meta << (k ? ", " : "") << shard_names[k];
+  meta << "]\n"
+       << "length_histogram:\n"
+       << "  bin_width: " << bin << "\n"
+       << "  train: " << join_ints(length_histogram(train, bin)) << "\n"
+       << "  eval: " << join_ints(length_histogram(eval, bin)) << "\n";
+  return meta.str();
+}
+
+// Swap `tmp` into place as `out_path`: an old folder (with --force) is moved aside first and removed last.
+void move_into_place(const fs::path& tmp, const fs::path& out_path, bool force) {
+  std::error_code ec;
+  fs::path old;
+  check_dataset_out(out_path.string(), force);  // again: it may have changed while we worked
+  if (fs::exists(fs::symlink_status(out_path, ec))) {
+    old = make_temp_dir_beside(fs::path(out_path.string() + ".old"));
+    fs::rename(out_path, old / "dataset");
+  }
+  fs::rename(tmp, out_path);
+  if (!old.empty()) fs::remove_all(old, ec);
+}
+
+}  // namespace
+
+PrepareSummary prepare_pretraining_data(const PrepareOptions& opts,
+                                        const std::function<void(const std::string&)>& progress) {
+  const Say say = [&](const std::string& s) {
+    if (progress) progress(s);
+  };
+  if (opts.out.empty()) throw std::invalid_argument("the output folder is not set");
+  if (opts.eval_every < 2) throw std::invalid_argument("eval_every must be at least 2");
+  if (opts.shard_size < 1) throw std::invalid_argument("shard_size must be at least 1");
+  const fs::path out = fs::absolute(opts.out).lexically_normal();
+  const fs::path out_path = out.has_filename() ? out : out.parent_path();
+  check_dataset_out(out_path.string(), opts.force);
+
+  // 1. Corpus, split by document.
+  std::vector<Document> docs = load_corpus(opts.corpus, opts.max_docs);
+  if (docs.size() < 2)
+    throw DataError("corpus " + opts.corpus + " has " + std::to_string(docs.size()) +
+                    " documents; at least 2 are needed (one for eval)");
+  const std::vector<char> is_eval = held_out_documents(docs.size(), opts.eval_every);
+  PrepareSummary sum;
+  sum.documents = static_cast<int64_t>(docs.size());
+  int64_t sentences = 0;
+  for (const auto& d : docs) sentences += static_cast<int64_t>(d.sentences.size());
+  say("read " + std::to_string(docs.size()) + " documents (" + std::to_string(sentences) + " sentences) from " +
+      opts.corpus);
+
+  // 2. Vocab; 3. tokens.
+  const Vocab vocab = vocab_for(opts, docs, is_eval, say);
+  sum.vocab_size = vocab.size();
+  const Split split = tokenize_documents(docs, is_eval, vocab);
   docs.clear();
   sum.train_documents = static_cast<int64_t>(split.train.size());
   sum.eval_documents = static_cast<int64_t>(split.eval.size());
-  say("tokenized: " + std::to_string(split.train_tokens) + " training tokens in " + std::to_string(sum.train_documents) +
-      " documents, " + std::to_string(split.eval_tokens) + " eval tokens in " + std::to_string(sum.eval_documents) +
-      " documents");
-
-  // Refuse before building what would not fit: each instance holds its tokens, segments and mask (int32)
-  // plus its predictions, and is built in a vector before it is copied into tensors (about 3x that).
-  {
-    const double instances = double(opts.pretraining.dupe_factor) * double(split.train_tokens) /
-                             double(std::max<int64_t>(1, opts.pretraining.seq_len - 3));
-    const double bytes = 3.0 * instances * (3.0 * opts.pretraining.seq_len + 2.0 * opts.pretraining.max_predictions + 2) * 4;
-    const double have = double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE));
-    if (have > 0 && bytes > 0.7 * have) {
-      char buf[200];
-      std::snprintf(buf, sizeof buf, "about %.3g instances needing ~%.1f GiB while this machine has %.1f GiB",
-                    instances, bytes / 1073741824.0, have / 1073741824.0);
-      throw std::invalid_argument("--dupe-factor " + std::to_string(opts.pretraining.dupe_factor) + " with " +
-                                  std::to_string(split.train_tokens) + " training tokens makes " + buf +
-                                  "; lower --dupe-factor or use --max-docs");
-    }
-  }
+  say("tokenized: " + std::to_string(split.train_tokens) + " training tokens in " +
+      std::to_string(sum.train_documents) + " documents, " + std::to_string(split.eval_tokens) + " eval tokens in " +
+      std::to_string(sum.eval_documents) + " documents");
+  check_instances_fit_in_memory(opts.pretraining, split.train_tokens);
 
   // 4. Instances: training with the dupe factor; eval once, with its own seed, masks fixed in the file.
   Rng train_rng(opts.seed);
@@ -365,77 +466,17 @@ PrepareSummary prepare_pretraining_data(const PrepareOptions& opts, const std::f
       " eval instances");
 
   // 5. Files, in a temp folder renamed into place at the end.
+  std::error_code ec;
   fs::create_directories(out_path.parent_path(), ec);
   const fs::path tmp = make_temp_dir_beside(out_path);
   try {
-    std::vector<std::string> names;
-    const int64_t shards = (sum.train_instances + opts.shard_size - 1) / opts.shard_size;
-    for (int64_t k = 0; k < shards; ++k) {
-      const int64_t b = k * opts.shard_size, e = std::min(sum.train_instances, b + opts.shard_size);
-      ShardData part;
-      part.input_ids = train.input_ids.slice(0, b, e);
-      part.input_mask = train.input_mask.slice(0, b, e);
-      part.segment_ids = train.segment_ids.slice(0, b, e);
-      part.masked_lm_positions = train.masked_lm_positions.slice(0, b, e);
-      part.masked_lm_ids = train.masked_lm_ids.slice(0, b, e);
-      part.next_sentence_labels = train.next_sentence_labels.slice(0, b, e);
-      char name[32];
-      std::snprintf(name, sizeof name, "train_%05lld.hdf5", static_cast<long long>(k));
-      write_shard((tmp / name).string(), part);
-      names.push_back(name);
-      say("wrote shard " + std::string(name) + " (" + std::to_string(e - b) + " instances)");
-    }
+    const std::vector<std::string> shards = write_train_shards(tmp, train, opts.shard_size, say);
     write_shard((tmp / "eval.hdf5").string(), eval);
-    names.push_back("eval.hdf5");
     vocab.save((tmp / "vocab.txt").string());
-    names.push_back("vocab.txt");
-
-    const int64_t bin = std::max<int64_t>(1, opts.pretraining.seq_len / 8);
-    auto masked_count = [](const ShardData& d) { return d.masked_lm_positions.ne(0).sum().item<int64_t>(); };
-    std::ostringstream meta;
-    meta << "# bertsweep data prepare: MLPerf BERT HDF5 layout\n"
-         << "format: mlperf-bert-hdf5\n"
-         << "corpus: " << yaml_quote(opts.corpus) << "\n"
-         << "max_docs: " << opts.max_docs << "\n"
-         << "documents: " << sum.documents << "\n"
-         << "train_documents: " << sum.train_documents << "\n"
-         << "eval_documents: " << sum.eval_documents << "\n"
-         << "eval_every: " << opts.eval_every << "\n"
-         << "vocab: " << yaml_quote(opts.vocab_file.empty() ? "trained" : opts.vocab_file) << "\n"
-         << "vocab_size: " << sum.vocab_size << "\n"
-         << "seed: " << opts.seed << "\n"
-         << "seq_len: " << opts.pretraining.seq_len << "\n"
-         << "max_predictions: " << opts.pretraining.max_predictions << "\n"
-         << "dupe_factor: " << opts.pretraining.dupe_factor << "\n"
-         << "short_seq_prob: " << opts.pretraining.short_seq_prob << "\n"
-         << "masked_lm_prob: " << opts.pretraining.masked_lm_prob << "\n"
-         << "train_tokens: " << split.train_tokens << "\n"
-         << "eval_tokens: " << split.eval_tokens << "\n"
-         << "train_instances: " << sum.train_instances << "\n"
-         << "eval_instances: " << sum.eval_instances << "\n"
-         << "train_masked_positions: " << masked_count(train) << "\n"
-         << "train_random_next: " << train.next_sentence_labels.sum().item<int64_t>() << "\n"
-         << "shard_size: " << opts.shard_size << "\n"
-         << "shards: [";
-    for (int64_t k = 0; k < shards; ++k) meta << (k ? ", " : "") << names[k];
-    meta << "]\n"
-         << "length_histogram:\n"
-         << "  bin_width: " << bin << "\n"
-         << "  train: " << join_ints(length_histogram(train, bin)) << "\n"
-         << "  eval: " << join_ints(length_histogram(eval, bin)) << "\n";
-    write_text_file(tmp / "meta.yaml", meta.str());
-    names.push_back("meta.yaml");
-
-    // Swap into place: an old folder (with --force) is moved aside first and removed last.
-    fs::path old;
-    check_dataset_out(out_path.string(), opts.force);  // again: it may have changed while we worked
-    if (fs::exists(fs::symlink_status(out_path, ec))) {
-      old = make_temp_dir_beside(fs::path(out_path.string() + ".old"));
-      fs::rename(out_path, old / "dataset");
-    }
-    fs::rename(tmp, out_path);
-    if (!old.empty()) fs::remove_all(old, ec);
-    for (const auto& n : names) sum.files.push_back((out_path / n).string());
+    write_text_file(tmp / "meta.yaml", meta_yaml(opts, sum, split, train, eval, shards));
+    move_into_place(tmp, out_path, opts.force);
+    for (const auto& n : shards) sum.files.push_back((out_path / n).string());
+    for (const char* n : {"eval.hdf5", "vocab.txt", "meta.yaml"}) sum.files.push_back((out_path / n).string());
   } catch (...) {
     fs::remove_all(tmp, ec);
     throw;

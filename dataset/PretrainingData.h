@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "trainer/ShardIO.h"
-#include "trainer/Tokenizer.h"
+#include "dataset/ShardIO.h"
+#include "dataset/Tokenizer.h"
 
 namespace bs {
 
@@ -20,11 +20,11 @@ class Rng {
  public:
   explicit Rng(uint64_t seed) : engine_(seed) {}
   uint64_t next() { return engine_(); }
-  uint64_t below(uint64_t n);                 // uniform in [0, n), n > 0 (rejection, no modulo bias)
-  int64_t between(int64_t lo, int64_t hi);    // uniform in [lo, hi], like Python's randint
-  double uniform();                           // uniform in [0, 1) with 53 random bits
+  uint64_t below(uint64_t n);               // uniform in [0, n), n > 0 (rejection, no modulo bias)
+  int64_t between(int64_t lo, int64_t hi);  // uniform in [lo, hi], like Python's randint
+  double uniform();                         // uniform in [0, 1) with 53 random bits
   template <class T>
-  void shuffle(std::vector<T>& v) {           // Fisher-Yates from the back, as Python's random.shuffle
+  void shuffle(std::vector<T>& v) {  // Fisher-Yates from the back, as Python's random.shuffle
     for (std::size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[below(i)]);
   }
 
@@ -34,9 +34,9 @@ class Rng {
 
 struct PretrainingOptions {
   int64_t seq_len = 128;
-  int64_t max_predictions = 20;   // masked positions per sequence (MLPerf uses 76 at 512)
-  int64_t dupe_factor = 5;        // passes over the documents, each with different chunks and masks
-  double short_seq_prob = 0.1;    // chance a document uses a random shorter target length
+  int64_t max_predictions = 20;  // masked positions per sequence (MLPerf uses 76 at 512)
+  int64_t dupe_factor = 5;       // passes over the documents, each with different chunks and masks
+  double short_seq_prob = 0.1;   // chance a document uses a random shorter target length
   double masked_lm_prob = 0.15;
   double random_next_prob = 0.5;
 };
@@ -48,15 +48,15 @@ ShardData create_pretraining_instances(const std::vector<TokenizedDocument>& doc
                                        const PretrainingOptions& opts, Rng& rng);
 
 struct PrepareOptions {
-  std::string corpus = "brown";   // "brown" or a folder of plain-text files
-  std::string vocab_file;         // empty: train a vocab of vocab_size on the training documents
+  std::string corpus = "brown";  // "brown" or a folder of plain-text files
+  std::string vocab_file;        // empty: train a vocab of vocab_size on the training documents
   int64_t vocab_size = 8192;
-  std::string out;                // the dataset folder
-  int64_t max_docs = 0;           // 0: all documents
-  int64_t eval_every = 20;        // every k-th document is held out for eval.hdf5
-  int64_t shard_size = 50000;     // instances per train_NNNNN.hdf5
+  std::string out;             // the dataset folder
+  int64_t max_docs = 0;        // 0: all documents
+  int64_t eval_every = 20;     // every k-th document is held out for eval.hdf5
+  int64_t shard_size = 50000;  // instances per train_NNNNN.hdf5
   uint64_t seed = 12345;
-  bool force = false;             // replace an existing --out
+  bool force = false;  // replace an existing --out
   PretrainingOptions pretraining;
 };
 

@@ -1,4 +1,4 @@
-#include "trainer/Sampler.h"
+#include "dataset/Sampler.h"
 
 #include <algorithm>
 #include <numeric>
@@ -20,7 +20,8 @@ struct SplitMix64 {
   uint64_t below(uint64_t bound) {
     const uint64_t limit = UINT64_MAX - UINT64_MAX % bound;
     uint64_t x;
-    do x = next(); while (x >= limit);
+    do x = next();
+    while (x >= limit);
     return x % bound;
   }
 };
@@ -29,9 +30,7 @@ using Samples = std::vector<int64_t>;
 
 // Longest first; ties by index so every rank orders identically.
 void sort_longest_first(Samples& s, const std::vector<int32_t>& len) {
-  std::sort(s.begin(), s.end(), [&](int64_t a, int64_t b) {
-    return len[a] != len[b] ? len[a] > len[b] : a < b;
-  });
+  std::sort(s.begin(), s.end(), [&](int64_t a, int64_t b) { return len[a] != len[b] ? len[a] > len[b] : a < b; });
 }
 
 // Deals sorted samples over `parts` ranks in snake order (0..p-1, p-1..0, ...): near-equal work per rank.
@@ -62,9 +61,10 @@ class SamplerBase : public BatchSampler {
     const int64_t n = int64_t(lengths.size());
     steps_per_epoch_ = opt.global_batch > 0 ? n / opt.global_batch : 0;
     if (steps_per_epoch_ == 0)
-      throw std::invalid_argument("sampler: " + std::to_string(n) + " training samples are fewer than one global "
-                                  "batch (batch.global=" + std::to_string(opt.global_batch) +
-                                  "); lower batch.global or prepare more data");
+      throw std::invalid_argument("sampler: " + std::to_string(n) +
+                                  " training samples are fewer than one global "
+                                  "batch (batch.global=" +
+                                  std::to_string(opt.global_batch) + "); lower batch.global or prepare more data");
   }
 
   std::vector<MicroBatch> next_step() override {

@@ -14,19 +14,19 @@
 #include <string>
 #include <vector>
 
-#include "trainer/Batch.h"
+#include "dataset/Batch.h"
 
 namespace bs {
 
 struct SamplerOptions {
-  std::string kind = "random";      // random | global_sort | local_presort | packing
-  int64_t global_batch = 32;        // samples per optimizer step, all ranks together
-  int64_t micro_batch = 32;         // samples (rows, for packing) per micro-batch
+  std::string kind = "random";  // random | global_sort | local_presort | packing
+  int64_t global_batch = 32;    // samples per optimizer step, all ranks together
+  int64_t micro_batch = 32;     // samples (rows, for packing) per micro-batch
   int64_t rank = 0;
   int64_t world = 1;
-  int64_t presort_group = 8;        // local_presort: ranks that presort together; 1 = purely local
+  int64_t presort_group = 8;                        // local_presort: ranks that presort together; 1 = purely local
   std::vector<int64_t> strata = {32, 64, 96, 128};  // local_presort: upper bounds of the length bins
-  int64_t row_len = 128;            // packing: tokens per row (the dataset's seq_len)
+  int64_t row_len = 128;                            // packing: tokens per row (the dataset's seq_len)
   uint64_t seed = 1;
 };
 
@@ -35,9 +35,9 @@ class BatchSampler {
   virtual ~BatchSampler() = default;
   // This rank's micro-batches for the next optimizer step (global_batch/world samples in total on this rank).
   virtual std::vector<MicroBatch> next_step() = 0;
-  virtual int64_t epoch() const = 0;          // completed passes over the data
-  virtual int64_t position() const = 0;       // steps taken, for checkpoints
-  virtual void seek(int64_t steps) = 0;       // restore after a checkpoint: same future batches as uninterrupted
+  virtual int64_t epoch() const = 0;     // completed passes over the data
+  virtual int64_t position() const = 0;  // steps taken, for checkpoints
+  virtual void seek(int64_t steps) = 0;  // restore after a checkpoint: same future batches as uninterrupted
   virtual int64_t steps_per_epoch() const = 0;
 };
 

@@ -1,4 +1,4 @@
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 #include <sstream>
 
@@ -155,18 +155,18 @@ void check_shard_values(const ShardData& d, const std::string& file, int64_t voc
     const int64_t row = at[0].item<int64_t>();
     const int64_t value = t.dim() == 1 ? t[row].item<int64_t>() : t[row][at[1]].item<int64_t>();
     throw DataError(file + ": dataset " + name + " holds " + std::to_string(value) + " at sample " +
-                    std::to_string(row) + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi - 1) +
-                    "] (" + why + "); the shard is damaged or was made for another vocab: prepare it again");
+                    std::to_string(row) + ", outside [" + std::to_string(lo) + ", " + std::to_string(hi - 1) + "] (" +
+                    why + "); the shard is damaged or was made for another vocab: prepare it again");
   };
-  const std::string vocab_why = vocab_size > 0 ? "token ids of the " + std::to_string(vocab_size) + "-token vocab"
-                                               : "token ids are not negative";
+  const std::string vocab_why =
+      vocab_size > 0 ? "token ids of the " + std::to_string(vocab_size) + "-token vocab" : "token ids are not negative";
   const int64_t vocab_hi = vocab_size > 0 ? vocab_size : std::numeric_limits<int32_t>::max();
   check(d.input_ids, "input_ids", 0, vocab_hi, vocab_why);
   check(d.input_mask, "input_mask", 0, 2, "1 for a real token, 0 for padding");
   check(d.segment_ids, "segment_ids", 0, 2, "sentence A is 0, sentence B is 1");
   check(d.next_sentence_labels, "next_sentence_labels", 0, 2, "0 is the next sentence, 1 a random one");
-  check(d.masked_lm_positions, "masked_lm_positions", 0, seq, "positions inside the sequence of " +
-                                                                  std::to_string(seq) + " tokens");
+  check(d.masked_lm_positions, "masked_lm_positions", 0, seq,
+        "positions inside the sequence of " + std::to_string(seq) + " tokens");
   check(d.masked_lm_ids, "masked_lm_ids", 0, vocab_hi, vocab_why);
   const auto empty = d.input_mask.sum(1).eq(0);
   if (empty.any().item<bool>())
@@ -241,7 +241,8 @@ void write_shard(const std::string& path, const ShardData& data) {
   } catch (const H5::Exception& e) {
     std::error_code ec;
     fs::remove(tmp, ec);
-    throw DataError("cannot write shard " + tmp + " (" + e.getDetailMsg() + "): is the disk full or the folder read-only?");
+    throw DataError("cannot write shard " + tmp + " (" + e.getDetailMsg() +
+                    "): is the disk full or the folder read-only?");
   }
 }
 
@@ -272,93 +273,127 @@ ShardData concat_shards(const std::vector<ShardData>& shards) {
   return out;
 }
 
-Dataset load_dataset(const DataConfig& cfg) {
-  if (cfg.dir.empty()) throw DataError("data.dir is not set (point it at a folder made by bertsweep data prepare)");
+ShardData ShardData::rows(int64_t begin, int64_t end) const {
+  ShardData part;
+  part.input_ids = input_ids.slice(0, begin, end);
+  part.input_mask = input_mask.slice(0, begin, end);
+  part.segment_ids = segment_ids.slice(0, begin, end);
+  part.masked_lm_positions = masked_lm_positions.slice(0, begin, end);
+  part.masked_lm_ids = masked_lm_ids.slice(0, begin, end);
+  part.next_sentence_labels = next_sentence_labels.slice(0, begin, end);
+  return part;
+}
+
+namespace {
+
+// data.eval_file (relative to the working folder, else to data.dir), default <dir>/eval.hdf5.
+fs::path eval_file_of(const DataConfig& cfg) {
   std::error_code ec;
-  if (!fs::is_directory(cfg.dir, ec))
-    throw DataError("data folder " + cfg.dir + " does not exist (run: bertsweep data prepare ... --out " + cfg.dir + ")");
   fs::path eval_path = cfg.eval_file.empty() ? fs::path(cfg.dir) / "eval.hdf5" : fs::path(cfg.eval_file);
   if (!cfg.eval_file.empty() && eval_path.is_relative() && !fs::exists(eval_path, ec) &&
       fs::exists(fs::path(cfg.dir) / eval_path, ec))
     eval_path = fs::path(cfg.dir) / eval_path;
   if (!fs::is_regular_file(eval_path, ec))
     throw DataError("eval file " + eval_path.string() + " does not exist (data.eval_file, default <dir>/eval.hdf5)");
+  return eval_path;
+}
 
-  Dataset ds;
-  ds.dir = cfg.dir;
-  for (const auto& e : fs::directory_iterator(cfg.dir)) {
-    if (!e.is_regular_file() || e.path().extension() != ".hdf5") continue;
-    if (fs::equivalent(e.path(), eval_path, ec)) continue;
-    ds.train_files.push_back(e.path().string());
-  }
-  std::sort(ds.train_files.begin(), ds.train_files.end());
-  const auto meta = read_meta(fs::path(cfg.dir) / "meta.yaml");
+// The shards meta.yaml lists (a bertsweep dataset trains on exactly those: not, e.g., its eval.hdf5 when
+// data.eval_file names another eval set), else every *.hdf5 of the folder but the eval file.
+std::vector<std::string> train_files_of(const DataConfig& cfg, const fs::path& eval_path,
+                                        const std::optional<Meta>& meta) {
+  std::error_code ec;
+  std::vector<std::string> files;
   if (meta && !meta->shards.empty()) {
-    // A bertsweep dataset trains on exactly the shards it lists (not, e.g., its eval.hdf5 when
-    // data.eval_file names another eval set).
-    ds.train_files.clear();
     for (const auto& name : meta->shards) {
       const fs::path shard = fs::path(cfg.dir) / name;
       if (!fs::is_regular_file(shard, ec))
-        throw DataError(shard.string() + " is listed in " + cfg.dir +
-                        "/meta.yaml but missing: the dataset is incomplete (restore the shard or prepare the data again)");
-      if (!fs::equivalent(shard, eval_path, ec)) ds.train_files.push_back(shard.string());
+        throw DataError(
+            shard.string() + " is listed in " + cfg.dir +
+            "/meta.yaml but missing: the dataset is incomplete (restore the shard or prepare the data again)");
+      if (!fs::equivalent(shard, eval_path, ec)) files.push_back(shard.string());
     }
+  } else {
+    for (const auto& e : fs::directory_iterator(cfg.dir)) {
+      if (!e.is_regular_file() || e.path().extension() != ".hdf5") continue;
+      if (fs::equivalent(e.path(), eval_path, ec)) continue;
+      files.push_back(e.path().string());
+    }
+    std::sort(files.begin(), files.end());
   }
-  if (ds.train_files.empty()) throw DataError("data folder " + cfg.dir + " has no training shards (*.hdf5 besides the eval file)");
+  if (files.empty())
+    throw DataError("data folder " + cfg.dir + " has no training shards (*.hdf5 besides the eval file)");
+  return files;
+}
 
-  auto check_seq = [&](const ShardData& d, const std::string& file) {
-    if (cfg.seq_len > 0 && d.size() > 0 && d.seq_len() != cfg.seq_len)
-      throw DataError(file + " has sequences of length " + std::to_string(d.seq_len()) + " but data.seq_len is " +
-                      std::to_string(cfg.seq_len) + " (prepare the data with --seq-len " + std::to_string(cfg.seq_len) +
-                      " or set data.seq_len)");
-  };
-  std::vector<ShardData> shards;
-  std::vector<int64_t> shard_sizes;
-  for (const auto& f : ds.train_files) {
-    shards.push_back(read_shard(f));
-    shard_sizes.push_back(shards.back().size());
-    check_seq(shards.back(), f);
-    if (shards.back().max_predictions() != shards.front().max_predictions())
-      throw DataError(f + " has " + std::to_string(shards.back().max_predictions()) + " masked positions per sample but " +
-                      ds.train_files.front() + " has " + std::to_string(shards.front().max_predictions()));
-  }
-  ds.train = concat_shards(shards);
-  shards.clear();
-  ds.eval = read_shard(eval_path.string());
-  check_seq(ds.eval, eval_path.string());
-  if (ds.eval.size() == 0)
-    throw DataError("eval file " + eval_path.string() + " holds no samples: accuracy could not be measured");
+void check_seq_len(const DataConfig& cfg, const ShardData& d, const std::string& file) {
+  if (cfg.seq_len > 0 && d.size() > 0 && d.seq_len() != cfg.seq_len)
+    throw DataError(file + " has sequences of length " + std::to_string(d.seq_len()) + " but data.seq_len is " +
+                    std::to_string(cfg.seq_len) + " (prepare the data with --seq-len " + std::to_string(cfg.seq_len) +
+                    " or set data.seq_len)");
+}
+
+// The counts meta.yaml states must match what the shards hold: a replaced or damaged file otherwise trains.
+void check_against_meta(const DataConfig& cfg, const Dataset& ds, const fs::path& eval_path,
+                        const std::optional<Meta>& meta) {
   if (meta && meta->train_instances >= 0 && meta->train_instances != ds.train.size())
-    throw DataError(cfg.dir + "/meta.yaml says " + std::to_string(meta->train_instances) + " training samples but the "
-                    "shards it lists hold " + std::to_string(ds.train.size()) + ": a shard was replaced or damaged "
+    throw DataError(cfg.dir + "/meta.yaml says " + std::to_string(meta->train_instances) +
+                    " training samples but the "
+                    "shards it lists hold " +
+                    std::to_string(ds.train.size()) +
+                    ": a shard was replaced or damaged "
                     "(prepare the data again)");
   if (meta && meta->eval_instances >= 0 && cfg.eval_file.empty() && meta->eval_instances != ds.eval.size())
     throw DataError(cfg.dir + "/meta.yaml says " + std::to_string(meta->eval_instances) + " eval samples but " +
                     eval_path.string() + " holds " + std::to_string(ds.eval.size()) +
                     ": the eval set was replaced or damaged (prepare the data again)");
+}
+
+}  // namespace
+
+Dataset load_dataset(const DataConfig& cfg) {
+  if (cfg.dir.empty()) throw DataError("data.dir is not set (point it at a folder made by bertsweep data prepare)");
+  std::error_code ec;
+  if (!fs::is_directory(cfg.dir, ec))
+    throw DataError("data folder " + cfg.dir + " does not exist (run: bertsweep data prepare ... --out " + cfg.dir +
+                    ")");
+  const fs::path eval_path = eval_file_of(cfg);
+  const auto meta = read_meta(fs::path(cfg.dir) / "meta.yaml");
+  Dataset ds;
+  ds.dir = cfg.dir;
+  ds.train_files = train_files_of(cfg, eval_path, meta);
+
+  std::vector<ShardData> shards;
+  std::vector<int64_t> shard_sizes;
+  for (const auto& f : ds.train_files) {
+    shards.push_back(read_shard(f));
+    shard_sizes.push_back(shards.back().size());
+    check_seq_len(cfg, shards.back(), f);
+    if (shards.back().max_predictions() != shards.front().max_predictions())
+      throw DataError(f + " has " + std::to_string(shards.back().max_predictions()) +
+                      " masked positions per sample but " + ds.train_files.front() + " has " +
+                      std::to_string(shards.front().max_predictions()));
+  }
+  ds.train = concat_shards(shards);
+  shards.clear();
+  ds.eval = read_shard(eval_path.string());
+  check_seq_len(cfg, ds.eval, eval_path.string());
+  if (ds.eval.size() == 0)
+    throw DataError("eval file " + eval_path.string() + " holds no samples: accuracy could not be measured");
+  check_against_meta(cfg, ds, eval_path, meta);
 
   const fs::path vocab = fs::path(cfg.dir) / "vocab.txt";
-  const int64_t seen = std::max(max_id(ds.train), max_id(ds.eval));
   if (fs::exists(vocab, ec)) {
     check_vocab(vocab.string());
     ds.vocab_size = count_lines(vocab.string());  // ids past it: check_shard_values below names the shard
   } else {
-    ds.vocab_size = seen + 1;
+    ds.vocab_size = std::max(max_id(ds.train), max_id(ds.eval)) + 1;
   }
   // One pass over every value before training: out-of-range ids, segments, labels or masks would otherwise
   // surface as a LibTorch index error deep inside a step.
   for (std::size_t i = 0, row = 0; i < ds.train_files.size(); ++i) {
-    const int64_t n = shard_sizes[i];
-    ShardData part;
-    part.input_ids = ds.train.input_ids.narrow(0, row, n);
-    part.input_mask = ds.train.input_mask.narrow(0, row, n);
-    part.segment_ids = ds.train.segment_ids.narrow(0, row, n);
-    part.masked_lm_positions = ds.train.masked_lm_positions.narrow(0, row, n);
-    part.masked_lm_ids = ds.train.masked_lm_ids.narrow(0, row, n);
-    part.next_sentence_labels = ds.train.next_sentence_labels.narrow(0, row, n);
-    check_shard_values(part, ds.train_files[i], ds.vocab_size);
-    row += n;
+    check_shard_values(ds.train.rows(row, row + shard_sizes[i]), ds.train_files[i], ds.vocab_size);
+    row += shard_sizes[i];
   }
   check_shard_values(ds.eval, eval_path.string(), ds.vocab_size);
   return ds;

@@ -8,14 +8,10 @@
 #include <string>
 #include <vector>
 
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 
 namespace bs {
-
-// Missing, truncated or mismatched data: the message names the file (and dataset) and the fix.
-struct DataError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 struct ShardData {
   torch::Tensor input_ids;             // int32 [N, S]
@@ -28,6 +24,8 @@ struct ShardData {
   int64_t size() const { return input_ids.defined() ? input_ids.size(0) : 0; }
   int64_t seq_len() const { return input_ids.size(1); }
   int64_t max_predictions() const { return masked_lm_positions.size(1); }
+  // Samples [begin, end) of the six stored fields, as views (lengths left undefined).
+  ShardData rows(int64_t begin, int64_t end) const;
 };
 
 // Reads one shard; DataError naming the file for a missing file, a missing dataset, wrong shapes or a truncated file.
@@ -41,7 +39,7 @@ ShardData concat_shards(const std::vector<ShardData>& shards);
 struct Dataset {
   ShardData train;
   ShardData eval;
-  int64_t vocab_size = 0;              // lines of vocab.txt when present, else 1 + max token id seen
+  int64_t vocab_size = 0;  // lines of vocab.txt when present, else 1 + max token id seen
   std::string dir;
   std::vector<std::string> train_files;
 };

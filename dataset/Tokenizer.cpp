@@ -1,10 +1,10 @@
-#include "trainer/Tokenizer.h"
+#include "dataset/Tokenizer.h"
 
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 
-#include "trainer/ShardIO.h"  // DataError
+#include "common/Errors.h"
 
 namespace bs {
 namespace {
@@ -53,9 +53,8 @@ void append_utf8(std::string& out, char32_t cp) {
 
 // ---- character classes (BERT's _is_whitespace, _is_control, _is_punctuation, _is_chinese_char) ----
 bool is_whitespace(char32_t c) {
-  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0xA0 || c == 0x1680 ||
-         (c >= 0x2000 && c <= 0x200A) || c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F ||
-         c == 0x3000;
+  return c == ' ' || c == '\t' || c == '\n' || c == '\r' || c == 0xA0 || c == 0x1680 || (c >= 0x2000 && c <= 0x200A) ||
+         c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F || c == 0x3000;
 }
 
 // Cc and Cf characters, NUL and U+FFFD: dropped by the text cleanup.
@@ -63,21 +62,18 @@ bool is_control(char32_t c) {
   if (c == 0 || c == kReplacement) return true;
   if (c == '\t' || c == '\n' || c == '\r') return false;
   return c < 0x20 || (c >= 0x7F && c <= 0x9F) || c == 0xAD || (c >= 0x600 && c <= 0x605) ||
-         (c >= 0x200B && c <= 0x200F) || (c >= 0x202A && c <= 0x202E) || (c >= 0x2060 && c <= 0x2064) ||
-         c == 0xFEFF;
+         (c >= 0x200B && c <= 0x200F) || (c >= 0x202A && c <= 0x202E) || (c >= 0x2060 && c <= 0x2064) || c == 0xFEFF;
 }
 
 bool is_punctuation(char32_t c) {
   // BERT treats every non-alphanumeric ASCII character as punctuation ($, ^, ` too).
-  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126))
-    return true;
+  if ((c >= 33 && c <= 47) || (c >= 58 && c <= 64) || (c >= 91 && c <= 96) || (c >= 123 && c <= 126)) return true;
   // Unicode category P* for the blocks that occur in practice.
-  return c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF ||
-         c == 0x37E || c == 0x387 || (c >= 0x2010 && c <= 0x2027) || (c >= 0x2030 && c <= 0x205E) ||
-         (c >= 0x3001 && c <= 0x3003) || (c >= 0x3008 && c <= 0x3011) || (c >= 0x3014 && c <= 0x301F) ||
-         (c >= 0xFF01 && c <= 0xFF03) || (c >= 0xFF05 && c <= 0xFF0A) || (c >= 0xFF0C && c <= 0xFF0F) ||
-         c == 0xFF1A || c == 0xFF1B || c == 0xFF1F || c == 0xFF20 || (c >= 0xFF3B && c <= 0xFF3D) ||
-         c == 0xFF3F || c == 0xFF5B || c == 0xFF5D;
+  return c == 0xA1 || c == 0xA7 || c == 0xAB || c == 0xB6 || c == 0xB7 || c == 0xBB || c == 0xBF || c == 0x37E ||
+         c == 0x387 || (c >= 0x2010 && c <= 0x2027) || (c >= 0x2030 && c <= 0x205E) || (c >= 0x3001 && c <= 0x3003) ||
+         (c >= 0x3008 && c <= 0x3011) || (c >= 0x3014 && c <= 0x301F) || (c >= 0xFF01 && c <= 0xFF03) ||
+         (c >= 0xFF05 && c <= 0xFF0A) || (c >= 0xFF0C && c <= 0xFF0F) || c == 0xFF1A || c == 0xFF1B || c == 0xFF1F ||
+         c == 0xFF20 || (c >= 0xFF3B && c <= 0xFF3D) || c == 0xFF3F || c == 0xFF5B || c == 0xFF5D;
 }
 
 bool is_chinese(char32_t c) {
@@ -112,8 +108,8 @@ char32_t to_lower(char32_t c) {
 
 // Base letter of the canonical decomposition (NFD) of U+00C0..U+017F; '-' where there is none (Æ, Ø, ß, Ł...).
 const char* kLatinBase =
-    "AAAAAA-CEEEEIIII-NOOOOO--UUUUY--aaaaaa-ceeeeiiii-nooooo--uuuuy-y"  // U+00C0..U+00FF
-    "AaAaAaCcCcCcCcDd--EeEeEeEeEeGgGgGgGgHh--IiIiIiIiI---JjKk-LlLlLl-"  // U+0100..U+013F
+    "AAAAAA-CEEEEIIII-NOOOOO--UUUUY--aaaaaa-ceeeeiiii-nooooo--uuuuy-y"   // U+00C0..U+00FF
+    "AaAaAaCcCcCcCcDd--EeEeEeEeEeGgGgGgGgHh--IiIiIiIiI---JjKk-LlLlLl-"   // U+0100..U+013F
     "---NnNnNn---OoOoOo--RrRrRrSsSsSsSsTtTt--UuUuUuUuUuUuWwYyYZzZzZz-";  // U+0140..U+017F
 
 // Accent stripping: the base letter, or 0 for a combining mark (dropped).

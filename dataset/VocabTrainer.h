@@ -7,13 +7,13 @@
 #include <unordered_map>
 #include <vector>
 
-#include "trainer/Tokenizer.h"
+#include "dataset/Tokenizer.h"
 
 namespace bs {
 
 struct VocabTrainerOptions {
-  int64_t vocab_size = 8192;    // including the 5 special tokens
-  int64_t min_pair_count = 2;   // stop merging when no pair occurs this often
+  int64_t vocab_size = 8192;   // including the 5 special tokens
+  int64_t min_pair_count = 2;  // stop merging when no pair occurs this often
   bool lower_case = true;
 };
 

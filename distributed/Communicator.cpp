@@ -1,4 +1,4 @@
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 
 #include <atomic>
 #include <climits>
@@ -27,7 +27,6 @@ std::unique_ptr<Communicator> make_mpi_communicator(const DistributedConfig& cfg
 #endif
 
 namespace {
-
 
 // ---------------------------------------------------------------- none: one rank, everything is local.
 
@@ -124,17 +123,17 @@ std::unique_ptr<Communicator> make_communicator(const DistributedConfig& cfg, bo
     return make_nccl_communicator(alone ? std::make_unique<NoneCommunicator>() : make_mpi_communicator(cfg), cfg);
 #else
     if (detect_launch().world > 1)
-      throw ConfigError("distributed.backend: nccl with several ranks needs MPI to exchange the NCCL id, and this "
-                        "core-only build has none");
+      throw ConfigError(
+          "distributed.backend: nccl with several ranks needs MPI to exchange the NCCL id, and this "
+          "core-only build has none");
     return make_nccl_communicator(std::make_unique<NoneCommunicator>(), cfg);
 #endif
 #else
-    throw ConfigError("distributed.backend: nccl is not built in (this LibTorch has no CUDA or NCCL was not found); "
-                      "use mpi, or rebuild against a CUDA LibTorch with NCCL");
+    throw ConfigError(
+        "distributed.backend: nccl is not built in (this LibTorch has no CUDA or NCCL was not found); "
+        "use mpi, or rebuild against a CUDA LibTorch with NCCL");
 #endif
   }
-  if (backend == "gloo")
-    throw ConfigError("distributed.backend: gloo is not built in yet; use mpi");
   throw ConfigError("distributed.backend: unknown backend '" + cfg.backend + "'; use none, mpi, nccl or auto");
 }
 

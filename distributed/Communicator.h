@@ -17,14 +17,10 @@
 #include <string>
 #include <vector>
 
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 
 namespace bs {
-
-// A peer rank died or timed out, or the ranks disagree (config hash). The CLI exits with kDistributed.
-struct DistributedError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // What the launcher told this process.
 struct LaunchInfo {
@@ -76,7 +72,7 @@ class Communicator {
   virtual std::vector<double> allgather(const std::vector<double>& values) = 0;
 };
 
-// backend: none | mpi | gloo | nccl | auto (when launched by mpirun/srun with world > 1: nccl for `cuda`
+// backend: none | mpi | nccl | auto (when launched by mpirun/srun with world > 1: nccl for `cuda`
 // gradients, else mpi; alone: none). Throws ConfigError for an unknown or not-built backend or one that
 // cannot reduce tensors of that device, DistributedError when the peers cannot be reached.
 std::unique_ptr<Communicator> make_communicator(const DistributedConfig& cfg, bool cuda = false);

@@ -1,4 +1,4 @@
-#include "trainer/GradientBucketer.h"
+#include "distributed/GradientBucketer.h"
 
 #include <torch/csrc/autograd/function.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -51,15 +51,10 @@ double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>
 
 }  // namespace
 
-GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm,
-                                   const ClipConfig& clip, std::optional<torch::ScalarType> reduce_dtype,
+GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm, const ClipConfig& clip,
+                                   std::optional<torch::ScalarType> reduce_dtype,
                                    const std::vector<torch::Tensor>& flat_grads)
-    : comm_(comm), clip_(clip) {
-  static const std::vector<std::string> modes = {"none", "global_after_allreduce", "bucket_before_allreduce",
-                                                 "local_before_allreduce"};
-  if (std::find(modes.begin(), modes.end(), clip.mode) == modes.end())
-    throw ConfigError("clip.mode: unknown mode '" + clip.mode +
-                      "'; use none, global_after_allreduce, bucket_before_allreduce or local_before_allreduce");
+    : comm_(comm), clip_(clip), mode_(parse_clip_mode(clip.mode)) {
   if (clip.bucket_mb <= 0) throw ConfigError("clip.bucket_mb must be > 0");
   // Tied weights appear once.
   for (const auto& p : params) {
@@ -91,8 +86,7 @@ void GradientBucketer::build_copy_buckets(std::optional<torch::ScalarType> reduc
       const auto& first = params_[buckets_.back().params.front()];
       const int64_t used = buckets_.back().offsets.back() + params_[buckets_.back().params.back()].numel();
       const int64_t elem = reduce_dtype ? int64_t(c10::elementSize(*reduce_dtype)) : int64_t(first.element_size());
-      fresh = double(used * elem) >= cap_bytes || first.dtype() != p.dtype() ||
-              first.device() != p.device();
+      fresh = double(used * elem) >= cap_bytes || first.dtype() != p.dtype() || first.device() != p.device();
     }
     if (fresh) buckets_.emplace_back();
     Bucket& b = buckets_.back();
@@ -146,7 +140,8 @@ bool GradientBucketer::build_view_buckets(const std::vector<torch::Tensor>& flat
     }
   }
   auto earliest = [](const Bucket& b) { return *std::min_element(b.params.begin(), b.params.end()); };
-  std::stable_sort(made.begin(), made.end(), [&](const Bucket& a, const Bucket& b) { return earliest(a) > earliest(b); });
+  std::stable_sort(made.begin(), made.end(),
+                   [&](const Bucket& a, const Bucket& b) { return earliest(a) > earliest(b); });
   buckets_ = std::move(made);
   for (size_t j = 0; j < buckets_.size(); ++j)
     for (int64_t i : buckets_[j].params) bucket_of_[i] = int64_t(j);
@@ -157,7 +152,10 @@ GradientBucketer::~GradientBucketer() {
   for (size_t i = 0; i < accumulators_.size(); ++i) accumulators_[i]->del_post_hook(hook_keys_[i]);
   // Pending works hold only the bucket buffers' storage; waiting keeps MPI from writing freed memory.
   for (auto& b : buckets_)
-    if (b.work) try { b.work->wait(); } catch (...) {}
+    if (b.work) try {
+        b.work->wait();
+      } catch (...) {
+      }
 }
 
 std::vector<std::vector<int64_t>> GradientBucketer::bucket_params() const {
@@ -166,9 +164,7 @@ std::vector<std::vector<int64_t>> GradientBucketer::bucket_params() const {
   return out;
 }
 
-bool GradientBucketer::uses_buffers() const {
-  return comm_.world() > 1 || clip_.mode == "bucket_before_allreduce";
-}
+bool GradientBucketer::uses_buffers() const { return comm_.world() > 1 || mode_ == ClipMode::kBucketBeforeAllreduce; }
 
 std::vector<torch::Tensor> GradientBucketer::grads() const {
   std::vector<torch::Tensor> g;
@@ -200,7 +196,7 @@ void GradientBucketer::on_grad_ready(int64_t param) {
   if (!armed_ || seen_[param]) return;
   seen_[param] = 1;
   --buckets_[bucket_of_[param]].pending;
-  if (clip_.mode != "local_before_allreduce") launch_ready_buckets(true);
+  if (mode_ != ClipMode::kLocalBeforeAllreduce) launch_ready_buckets(true);
 }
 
 void GradientBucketer::launch_ready_buckets(bool from_hook) {
@@ -216,7 +212,8 @@ void GradientBucketer::gather(Bucket& b) {
     auto slice = b.buffer.narrow(0, b.offsets[j], p.numel());
     const auto& g = p.grad();
     if (g.defined()) slice.copy_(g.reshape(-1));
-    else slice.zero_();  // a parameter this step did not use
+    else
+      slice.zero_();  // a parameter this step did not use
   }
 }
 
@@ -226,7 +223,8 @@ void GradientBucketer::scatter(Bucket& b) {
     auto p = params_[b.params[j]];
     auto slice = b.buffer.narrow(0, b.offsets[j], p.numel()).view(p.sizes());
     if (p.grad().defined()) p.mutable_grad().copy_(slice);  // in place: .grad() may be a view of a flat buffer
-    else p.mutable_grad() = slice.clone();
+    else
+      p.mutable_grad() = slice.clone();
   }
 }
 
@@ -237,7 +235,7 @@ void GradientBucketer::launch(Bucket& b, bool from_hook) {
   if (from_hook) ++launched_in_backward_;
   if (!uses_buffers()) return;
   gather(b);
-  if (clip_.mode == "bucket_before_allreduce")
+  if (mode_ == ClipMode::kBucketBeforeAllreduce)
     b.local_norm = optim::clip_bucket_tensor_(b.buffer, clip_.max_norm, num_buckets());
   if (comm_.world() > 1) b.work = comm_.allreduce_async(b.buffer, ReduceOp::kAvg);
 }
@@ -251,7 +249,7 @@ void GradientBucketer::finish() {
     std::lock_guard<std::mutex> lock(mutex_);
     armed_ = false;
     if (launch_times_.size() != buckets_.size()) launch_times_.assign(buckets_.size(), Clock::time_point{});
-    if (clip_.mode == "local_before_allreduce") {
+    if (mode_ == ClipMode::kLocalBeforeAllreduce) {
       // The whole local gradient first: its norm needs every bucket, so nothing could start earlier.
       if (uses_buffers()) {
         std::vector<torch::Tensor> bufs;
@@ -286,14 +284,14 @@ void GradientBucketer::finish() {
     for (const auto& b : buckets_) all_grads.push_back(b.buffer);
   else
     all_grads = grads();
-  if (clip_.mode == "global_after_allreduce") {
+  if (mode_ == ClipMode::kGlobalAfterAllreduce) {
     step_norm_ = optim::clip_global_norm_tensor_(all_grads, clip_.max_norm);
-  } else if (clip_.mode == "bucket_before_allreduce") {
+  } else if (mode_ == ClipMode::kBucketBeforeAllreduce) {
     std::vector<torch::Tensor> sq;
     for (const auto& b : buckets_)
       if (b.local_norm.defined()) sq.push_back(b.local_norm.square());
     step_norm_ = sq.empty() ? optim::global_norm_tensor({}) : torch::stack(sq).sum().sqrt();
-  } else if (clip_.mode == "none") {
+  } else if (mode_ == ClipMode::kNone) {
     step_norm_ = optim::global_norm_tensor(all_grads);
   }
   finished_ = true;
@@ -312,7 +310,8 @@ BucketStats GradientBucketer::step_stats(const torch::Tensor& loss) {
     st.loss = host[1].item<double>();
   }
   // Communication still running after backward ended was exposed: the step waited for it.
-  Clock::time_point backward_end = backward_done_ ? (backward_done_->wait(), backward_done_->finished_at()) : Clock::now();
+  Clock::time_point backward_end =
+      backward_done_ ? (backward_done_->wait(), backward_done_->finished_at()) : Clock::now();
   Clock::time_point last_done = backward_end;
   std::vector<std::pair<Clock::time_point, Clock::time_point>> spans;
   for (auto& b : buckets_)

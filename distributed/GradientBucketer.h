@@ -30,18 +30,19 @@
 #include <optional>
 #include <vector>
 
+#include "common/Choices.h"
 #include "common/TrainConfig.h"
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 
 namespace bs {
 
 struct BucketStats {
-  double comm_seconds = 0;       // time with at least one bucket's allreduce in flight (started -> done)
-  double exposed_seconds = 0;    // time finish() waited for communication (not hidden behind backward)
-  double overlap = 0;            // 1 - exposed / comm (0 when nothing was communicated)
-  double grad_norm = 0;          // pre-clip norm: of the averaged gradient (none, global_after_allreduce);
-                                 // of this rank's local gradient (bucket_before_, local_before_allreduce)
-  double loss = 0;               // the `loss` given to step_stats()
+  double comm_seconds = 0;     // time with at least one bucket's allreduce in flight (started -> done)
+  double exposed_seconds = 0;  // time finish() waited for communication (not hidden behind backward)
+  double overlap = 0;          // 1 - exposed / comm (0 when nothing was communicated)
+  double grad_norm = 0;        // pre-clip norm: of the averaged gradient (none, global_after_allreduce);
+                               // of this rank's local gradient (bucket_before_, local_before_allreduce)
+  double loss = 0;             // the `loss` given to step_stats()
   int64_t buckets = 0;
   int64_t launched_in_backward = 0;  // buckets whose allreduce started from an autograd hook
 };
@@ -86,7 +87,7 @@ class GradientBucketer {
     int64_t pending = 0;           // gradients not yet ready this step
     bool launched = false;
     std::shared_ptr<CommWork> work;
-    torch::Tensor local_norm;      // bucket_before_allreduce: 0-dim norm before the clip
+    torch::Tensor local_norm;  // bucket_before_allreduce: 0-dim norm before the clip
   };
 
   void build_copy_buckets(std::optional<torch::ScalarType> reduce_dtype);
@@ -103,16 +104,17 @@ class GradientBucketer {
   std::vector<torch::Tensor> params_;
   Communicator& comm_;
   ClipConfig clip_;
+  ClipMode mode_;  // clip_.mode, parsed
   std::vector<Bucket> buckets_;
-  std::vector<int64_t> bucket_of_;      // param -> bucket
-  std::vector<char> seen_;              // param's gradient already counted this step
+  std::vector<int64_t> bucket_of_;                                    // param -> bucket
+  std::vector<char> seen_;                                            // param's gradient already counted this step
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // kept alive: hooks live on them
   std::vector<uintptr_t> hook_keys_;
-  std::mutex mutex_;                    // hooks may run on autograd's device threads
-  bool armed_ = false;                  // this backward belongs to the last micro-batch
+  std::mutex mutex_;    // hooks may run on autograd's device threads
+  bool armed_ = false;  // this backward belongs to the last micro-batch
   bool views_ = false;
-  bool finished_ = false;               // finish() ran for this step; step_stats() may read
-  torch::Tensor step_norm_;             // 0-dim float64: this step's pre-clip norm (see BucketStats)
+  bool finished_ = false;                    // finish() ran for this step; step_stats() may read
+  torch::Tensor step_norm_;                  // 0-dim float64: this step's pre-clip norm (see BucketStats)
   std::shared_ptr<CommWork> backward_done_;  // the compute stream reached finish()
   size_t next_launch_ = 0;
   int64_t launched_in_backward_ = 0;

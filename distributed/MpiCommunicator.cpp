@@ -12,7 +12,7 @@
 #include <sstream>
 #include <thread>
 
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 
 namespace bs {
 namespace {
@@ -40,8 +40,9 @@ void ensure_mpi_initialized() {
   if (MPI_Init_thread(nullptr, nullptr, MPI_THREAD_SERIALIZED, &provided) != MPI_SUCCESS)
     throw DistributedError("MPI_Init_thread failed: start the job with mpirun (or srun with PMIx)");
   if (provided < MPI_THREAD_SERIALIZED)
-    throw DistributedError("this MPI library provides no MPI_THREAD_SERIALIZED support, which the comm thread "
-                           "needs; use an OpenMPI built with thread support");
+    throw DistributedError(
+        "this MPI library provides no MPI_THREAD_SERIALIZED support, which the comm thread "
+        "needs; use an OpenMPI built with thread support");
   std::atexit(finalize_mpi_at_exit);
 }
 
@@ -86,8 +87,8 @@ MPI_Datatype mpi_type(torch::ScalarType t) {
 
 class MpiWork : public CommWork {
  public:
-  MpiWork(std::string what, double timeout_s) : what_(std::move(what)), timeout_s_(timeout_s),
-                                                enqueued_(Clock::now()) {}
+  MpiWork(std::string what, double timeout_s)
+      : what_(std::move(what)), timeout_s_(timeout_s), enqueued_(Clock::now()) {}
   void wait() override {
     std::unique_lock<std::mutex> lock(m_);
     // The comm thread enforces the deadline; this is only a backstop should that thread itself be stuck.
@@ -138,8 +139,9 @@ class MpiWork : public CommWork {
 // One queued collective. It owns its buffers (tensors), so an abandoned request never writes freed memory.
 struct MpiOp {
   enum Kind { kAllreduce, kBroadcast, kAllgather, kBarrier } kind;
-  torch::Tensor buf;    // allreduce/broadcast: in place; allgather: the send buffer
-  torch::Tensor recv;   // allgather
+  explicit MpiOp(Kind k) : kind(k) {}
+  torch::Tensor buf;   // allreduce/broadcast: in place; allgather: the send buffer
+  torch::Tensor recv;  // allgather
   ReduceOp op = ReduceOp::kSum;
   int root = 0;
   std::shared_ptr<MpiWork> work;
@@ -234,12 +236,10 @@ class MpiCommunicator : public Communicator {
         rc = MPI_Ibcast(o.buf.data_ptr(), int(o.buf.numel()), mpi_type(o.buf.scalar_type()), o.root, comm_, &o.req);
         break;
       case MpiOp::kAllgather:
-        rc = MPI_Iallgather(o.buf.data_ptr(), int(o.buf.numel()), MPI_DOUBLE, o.recv.data_ptr(),
-                            int(o.buf.numel()), MPI_DOUBLE, comm_, &o.req);
+        rc = MPI_Iallgather(o.buf.data_ptr(), int(o.buf.numel()), MPI_DOUBLE, o.recv.data_ptr(), int(o.buf.numel()),
+                            MPI_DOUBLE, comm_, &o.req);
         break;
-      case MpiOp::kBarrier:
-        rc = MPI_Ibarrier(comm_, &o.req);
-        break;
+      case MpiOp::kBarrier: rc = MPI_Ibarrier(comm_, &o.req); break;
     }
     if (rc != MPI_SUCCESS) fail("mpi: " + o.work->what() + " could not start (MPI error " + std::to_string(rc) + ")");
   }
@@ -260,7 +260,8 @@ class MpiCommunicator : public Communicator {
         std::unique_lock<std::mutex> lock(m_);
         auto has_work = [&] { return stop_ || !queue_.empty(); };
         if (active.empty()) cv_.wait(lock, has_work);
-        else cv_.wait_for(lock, std::chrono::microseconds(50), has_work);
+        else
+          cv_.wait_for(lock, std::chrono::microseconds(50), has_work);
         if (stop_ && queue_.empty() && active.empty()) break;
         fresh.swap(queue_);
       }

@@ -22,7 +22,7 @@
 #include <mutex>
 #include <thread>
 
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 
 namespace bs {
 namespace {

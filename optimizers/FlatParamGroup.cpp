@@ -17,8 +17,7 @@ FlatParamGroup::FlatParamGroup(std::vector<std::string> names, std::vector<torch
   const auto options = tensors_.front().options().requires_grad(false);
   for (size_t i = 0; i < tensors_.size(); ++i) {
     const auto& p = tensors_[i];
-    if (!p.is_floating_point() || p.scalar_type() != options.dtype().toScalarType() ||
-        p.device() != options.device())
+    if (!p.is_floating_point() || p.scalar_type() != options.dtype().toScalarType() || p.device() != options.device())
       throw std::invalid_argument("FlatParamGroup: parameter '" + names_[i] +
                                   "' differs in dtype/device from the rest of its group (or is not floating point)");
   }
@@ -36,8 +35,7 @@ FlatParamGroup::FlatParamGroup(std::vector<std::string> names, std::vector<torch
   torch::NoGradGuard no_grad;
   flat_params_ = torch::zeros({total}, options);
   flat_grads_ = torch::zeros({total}, options);
-  if (chunk_ > 1)
-    chunk_owner_ = torch::tensor(owner, torch::dtype(torch::kLong)).to(options.device());
+  if (chunk_ > 1) chunk_owner_ = torch::tensor(owner, torch::dtype(torch::kLong)).to(options.device());
   for (size_t i = 0; i < tensors_.size(); ++i) {
     auto& p = tensors_[i];
     param_views_.push_back(flat_params_.narrow(0, offsets_[i], p.numel()).view(p.sizes()));

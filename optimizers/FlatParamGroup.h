@@ -14,8 +14,7 @@ class FlatParamGroup {
   // Variable, so modules holding it see the change and requires_grad is kept); .grad() becomes a view of the
   // flat gradient buffer. With several parameters each one starts at a multiple of `chunk` elements (zero
   // padding), so per-parameter norms reduce over fixed-size rows of a [chunks, chunk] view.
-  FlatParamGroup(std::vector<std::string> names, std::vector<torch::Tensor> params, bool decay,
-                 int64_t chunk = 512);
+  FlatParamGroup(std::vector<std::string> names, std::vector<torch::Tensor> params, bool decay, int64_t chunk = 512);
 
   const torch::Tensor& params() const { return flat_params_; }  // 1-D, length numel()
   const torch::Tensor& grads() const { return flat_grads_; }
@@ -48,9 +47,9 @@ class FlatParamGroup {
   std::vector<torch::Tensor> grad_views_;
   std::vector<int64_t> offsets_;
   bool decay_;
-  int64_t chunk_ = 1;                       // row length of the [chunks, chunk] view; 1 = single parameter
+  int64_t chunk_ = 1;  // row length of the [chunks, chunk] view; 1 = single parameter
   torch::Tensor flat_params_, flat_grads_;
-  torch::Tensor chunk_owner_;               // int64 [chunks]: index of the parameter each row belongs to
+  torch::Tensor chunk_owner_;  // int64 [chunks]: index of the parameter each row belongs to
 };
 
 }  // namespace bs::optim

@@ -9,14 +9,16 @@ LrSchedule::LrSchedule(const bs::ScheduleConfig& cfg, double base_lr, int64_t to
     : cfg_(cfg), base_(base_lr), total_(total_steps) {
   const auto& n = cfg.name;
   if (n != "constant" && n != "poly" && n != "linear" && n != "cosine" && n != "inv_sqrt")
-    throw bs::ConfigError("schedule.name: unknown schedule '" + n + "'; use one of constant|poly|linear|cosine|inv_sqrt");
-  const bool needs_total = n == "poly" || n == "linear" || n == "cosine" ||
-                           (cfg.warmup_steps < 0 && cfg.warmup_fraction > 0);
+    throw bs::ConfigError("schedule.name: unknown schedule '" + n +
+                          "'; use one of constant|poly|linear|cosine|inv_sqrt");
+  const bool needs_total =
+      n == "poly" || n == "linear" || n == "cosine" || (cfg.warmup_steps < 0 && cfg.warmup_fraction > 0);
   if (needs_total && total_ <= 0)
     throw bs::ConfigError("schedule.total_steps: schedule '" + n +
                           "' needs the total number of steps; set schedule.total_steps or target.max_samples");
-  warmup_ = cfg.warmup_steps >= 0 ? cfg.warmup_steps
-                                  : static_cast<int64_t>(std::llround(cfg.warmup_fraction * static_cast<double>(total_)));
+  warmup_ = cfg.warmup_steps >= 0
+                ? cfg.warmup_steps
+                : static_cast<int64_t>(std::llround(cfg.warmup_fraction * static_cast<double>(total_)));
 }
 
 double LrSchedule::lr_at(int64_t step) const {

@@ -16,7 +16,7 @@ class LrSchedule {
  public:
   // Throws bs::ConfigError naming the key when the schedule needs total_steps (> 0) and gets none.
   LrSchedule(const bs::ScheduleConfig& cfg, double base_lr, int64_t total_steps);
-  double lr_at(int64_t step) const;   // step = number of optimizer steps already taken (0 for the first)
+  double lr_at(int64_t step) const;  // step = number of optimizer steps already taken (0 for the first)
   int64_t warmup_steps() const { return warmup_; }
   int64_t total_steps() const { return total_; }
 

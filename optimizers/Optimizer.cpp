@@ -26,8 +26,7 @@ bool excluded_from_decay(const std::string& name, const std::vector<std::string>
   return false;
 }
 
-std::vector<FlatParamGroup> build_groups(const bs::OptimizerConfig& cfg, const NamedParams& params,
-                                         Grouping grouping) {
+std::vector<FlatParamGroup> build_groups(const bs::OptimizerConfig& cfg, const NamedParams& params, Grouping grouping) {
   // Group key: decay first (decay groups come first), then dtype and device; order of first appearance kept.
   using Key = std::tuple<bool, int, std::string>;
   std::vector<Key> order;
@@ -41,8 +40,7 @@ std::vector<FlatParamGroup> build_groups(const bs::OptimizerConfig& cfg, const N
     members[key].first.push_back(name);
     members[key].second.push_back(p);
   }
-  if (order.empty())
-    throw std::invalid_argument("make_optimizer: no parameter requires grad; nothing to optimise");
+  if (order.empty()) throw std::invalid_argument("make_optimizer: no parameter requires grad; nothing to optimise");
   std::stable_sort(order.begin(), order.end(),
                    [](const Key& a, const Key& b) { return std::get<0>(a) > std::get<0>(b); });
   std::vector<FlatParamGroup> groups;
@@ -52,7 +50,8 @@ std::vector<FlatParamGroup> build_groups(const bs::OptimizerConfig& cfg, const N
     if (grouping == Grouping::flattened) {
       groups.emplace_back(names, tensors, decay);
     } else {
-      for (size_t i = 0; i < names.size(); ++i) groups.emplace_back(std::vector{names[i]}, std::vector{tensors[i]}, decay);
+      for (size_t i = 0; i < names.size(); ++i)
+        groups.emplace_back(std::vector{names[i]}, std::vector{tensors[i]}, decay);
     }
   }
   return groups;
@@ -72,11 +71,16 @@ std::unique_ptr<Optimizer> make_optimizer(const bs::OptimizerConfig& cfg, const 
   auto groups = build_groups(cfg, params, grouping);
   std::unique_ptr<FlatOptimizer> opt;
   if (n == "adam") opt = std::make_unique<Adam>(cfg, std::move(groups), false);
-  else if (n == "adamw") opt = std::make_unique<Adam>(cfg, std::move(groups), true);
-  else if (n == "lamb") opt = std::make_unique<Lamb>(cfg, std::move(groups), false);
-  else if (n == "nvlamb") opt = std::make_unique<Lamb>(cfg, std::move(groups), true);
-  else if (n == "lans") opt = std::make_unique<Lans>(cfg, std::move(groups));
-  else opt = std::make_unique<SgdMomentum>(cfg, std::move(groups));
+  else if (n == "adamw")
+    opt = std::make_unique<Adam>(cfg, std::move(groups), true);
+  else if (n == "lamb")
+    opt = std::make_unique<Lamb>(cfg, std::move(groups), false);
+  else if (n == "nvlamb")
+    opt = std::make_unique<Lamb>(cfg, std::move(groups), true);
+  else if (n == "lans")
+    opt = std::make_unique<Lans>(cfg, std::move(groups));
+  else
+    opt = std::make_unique<SgdMomentum>(cfg, std::move(groups));
   // The baseline is a plain loop of whole-tensor ops per parameter.
   if (grouping == Grouping::per_parameter) opt->set_block_size(0);
   return opt;

@@ -1,4 +1,4 @@
-// Optimizers over flattened parameter groups (DESIGN.md "optimizers/"): the interface the trainer calls and
+// Optimizers over flattened parameter groups (docs/ARCHITECTURE.md section 3): the interface the trainer calls and
 // the factory that builds one from the `optimizer:` section of a training config.
 #pragma once
 #include <memory>

@@ -18,8 +18,7 @@ void SgdMomentum::update(FlatParamGroup& group, State& state, double lr, int64_t
       g = gd;
     }
     b.mul_(cfg_.momentum).add_(g);
-    if (cfg_.nesterov)
-      p.add_(g, -lr).add_(b, -lr * cfg_.momentum);
+    if (cfg_.nesterov) p.add_(g, -lr).add_(b, -lr * cfg_.momentum);
     else
       p.add_(b, -lr);
   });

@@ -22,7 +22,7 @@
 #include <thread>
 
 #include "common/BuildInfo.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 #include "search/OptunaBridge.h"
 #include "search/Slurm.h"
@@ -36,9 +36,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-double now_s() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
+double now_s() { return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count(); }
 
 std::string hostname() {
   char buf[256] = {0};
@@ -88,8 +86,7 @@ bool trial_process_alive(int64_t pid, const std::string& trial_dir) {
 // Exit codes that would fail the same way again: retrying them wastes the budget.
 bool retryable(const TrialRecord& r) {
   if (r.reason.rfind("queue timeout", 0) == 0) return false;
-  return r.exit_code != exit_code::kUsage && r.exit_code != exit_code::kNonFinite &&
-         r.reason.rfind("config", 0) != 0;
+  return r.exit_code != exit_code::kUsage && r.exit_code != exit_code::kNonFinite && r.reason.rfind("config", 0) != 0;
 }
 
 struct RunningTrial {
@@ -109,7 +106,7 @@ struct RunningTrial {
   // Slurm (launcher.kind srun): its job, or its step of the controller's allocation, once known (squeue
   // while it queues; the trainer's start event names both).
   bool slurm = false, started = false;  // started: its first event arrived
-  std::string job_name, slurm_id;        // slurm_id: "12" or "12.3"
+  std::string job_name, slurm_id;       // slurm_id: "12" or "12.3"
   double launched = 0, next_slurm_poll = 0;
   bool queue_timed_out = false, interrupted = false, no_retry = false;
 
@@ -134,11 +131,13 @@ extern "C" void on_stop_signal(int sig) {
     return;
   }
   if (g_stop_signal) g_stop_now = sig;
-  else g_stop_signal = sig;
+  else
+    g_stop_signal = sig;
 }
 
 struct StopSignals {
-  struct sigaction old_int {}, old_term {};
+  using SigAction = struct sigaction;
+  SigAction old_int{}, old_term{};
   StopSignals() {
     g_stop_signal = 0;
     g_stop_now = 0;
@@ -156,8 +155,10 @@ struct StopSignals {
 
 class StudyRun {
  public:
-  StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir, std::vector<std::string> gpus)
-      : c_(c), o_(o), dir_(dir), store_(dir + "/study.db"), gpus_(gpus),
+  // `threads`: CPU threads per rank of each trial (cpus_per_rank).
+  StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir, std::vector<std::string> gpus,
+           int threads)
+      : c_(c), o_(o), dir_(dir), store_(dir + "/study.db"), threads_(threads), gpus_(gpus),
         slots_(std::move(gpus), c.launcher.gpus_per_trial) {}
 
   int run() {
@@ -169,17 +170,15 @@ class StudyRun {
     record_environment();
     recover_dead_controller();
     base_ = c_.base();
-    int cores = o_.cores > 0 ? o_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    threads_ = cpus_per_rank(c_.launcher, c_.parallel, cores);
     // GPU trials keep the same CPU-thread share: the trainer's host side (data, launches) still uses them.
     say("study " + c_.name + ": " + std::to_string(c_.n_trials) + " trials, " + std::to_string(c_.parallel) +
         " in parallel, " + std::to_string(threads_) + " threads each" +
         (c_.launcher.ranks > 1 ? " of " + std::to_string(c_.launcher.ranks) + " ranks" : std::string()) +
         (slurm() ? (alloc_.inside ? ", as steps of Slurm job " + alloc_.job_id : std::string(", as Slurm jobs"))
                  : std::string()) +
-        (c_.launcher.gpus_per_trial > 0 ? " and " + std::to_string(c_.launcher.gpus_per_trial) + " of GPUs " +
-                                              join_gpu_ids(gpus_)
-                                        : std::string()) +
+        (c_.launcher.gpus_per_trial > 0
+             ? " and " + std::to_string(c_.launcher.gpus_per_trial) + " of GPUs " + join_gpu_ids(gpus_)
+             : std::string()) +
         ", objective " + c_.objectives[0] + " (" + c_.directions[0] + ")");
     StopSignals stop_signals;
     bool draining = false, stopping = false;
@@ -248,7 +247,8 @@ class StudyRun {
     if (old.identity() != c_.identity())
       throw ConfigError(c_.source + ": study '" + c_.name + "' already exists in " + dir_ +
                         " with a different search (objective, sampler, pruner, seed, base or space differ); "
-                        "give a new --name, or run `bertsweep study resume " + c_.name + "` to continue it");
+                        "give a new --name, or run `bertsweep study resume " +
+                        c_.name + "` to continue it");
   }
 
   void record_environment() {
@@ -288,8 +288,10 @@ class StudyRun {
       }
       if (row && rec.state != trial_state::kRunning) {  // ours was written, Optuna's tell was not
         if (rec.state == trial_state::kComplete) bridge_->tell_complete(rec.number, rec.values);
-        else if (rec.state == trial_state::kPruned) bridge_->tell_pruned(rec.number);
-        else bridge_->tell_fail(rec.number);
+        else if (rec.state == trial_state::kPruned)
+          bridge_->tell_pruned(rec.number);
+        else
+          bridge_->tell_fail(rec.number);
         continue;
       }
       if (slurm()) cancel_leftover_job(info.number, info.user_attrs);
@@ -426,8 +428,8 @@ class StudyRun {
     r->eval_every = std::max<int64_t>(1, static_cast<int64_t>(number_at(rec.config_yaml, "target.eval_every_samples")));
     r->last_event = r->launched = now_s();
     r->label = "trial " + std::to_string(rec.number) + " (" + value_at(rec.config_yaml, "optimizer.name") +
-               " b=" + value_at(rec.config_yaml, "batch.global") + " lr=" +
-               fmt(number_at(rec.config_yaml, "optimizer.lr"), 3) + ")";
+               " b=" + value_at(rec.config_yaml, "batch.global") +
+               " lr=" + fmt(number_at(rec.config_yaml, "optimizer.lr"), 3) + ")";
     say(r->label + ": started, pid " + std::to_string(rec.pid) + (r->slurm ? ", Slurm job name " + r->job_name : "") +
         (r->gpus.empty() ? "" : ", GPUs " + join_gpu_ids(r->gpus)) +
         (rec.attempt > 1 ? ", retry of trial " + std::to_string(rec.retry_of) : ""));
@@ -448,14 +450,10 @@ class StudyRun {
     r.last_event = now_s();
     r.started = true;
     const int64_t n = r.rec.number;
+    auto count = [&](const char* key) { return static_cast<int64_t>(ev->number(key)); };
     if (ev->kind == "eval") {
-      EvalPoint e;
-      e.trial = n;
-      e.step = static_cast<int64_t>(ev->number("step"));
-      e.samples = static_cast<int64_t>(ev->number("samples"));
-      e.mlm_accuracy = ev->number("mlm_accuracy");
-      e.loss = ev->number("loss");
-      e.seconds = ev->number("seconds");
+      const EvalPoint e{
+          n, count("step"), count("samples"), ev->number("mlm_accuracy"), ev->number("loss"), ev->number("seconds")};
       store_.add_eval(e);
       r.last_acc = e.mlm_accuracy;
       r.last_samples = e.samples;
@@ -463,17 +461,9 @@ class StudyRun {
           fmt(e.loss, 4) + ", " + fmt(e.seconds, 4) + " s");
       report_to_pruner(r, e);
     } else if (ev->kind == "throughput") {
-      ThroughputPoint p;
-      p.trial = n;
-      p.step = static_cast<int64_t>(ev->number("step"));
-      p.samples = static_cast<int64_t>(ev->number("samples"));
-      p.samples_per_s = ev->number("samples_per_s");
-      p.tokens_per_s = ev->number("tokens_per_s");
-      p.padding_waste = ev->number("padding_waste");
-      p.imbalance = ev->number("imbalance");
-      p.overlap = ev->number("overlap");
-      p.step_seconds = ev->number("step_seconds");
-      store_.add_throughput(p);
+      store_.add_throughput({n, count("step"), count("samples"), ev->number("samples_per_s"),
+                             ev->number("tokens_per_s"), ev->number("padding_waste"), ev->number("imbalance"),
+                             ev->number("overlap"), ev->number("step_seconds")});
     } else if (ev->kind == "start") {
       auto job = ev->strings.find("slurm_job_id"), step = ev->strings.find("slurm_step_id");
       if (r.slurm && job != ev->strings.end() && !job->second.empty())
@@ -491,7 +481,7 @@ class StudyRun {
         }
       }
     } else if (ev->kind == "rank_load") {
-      store_.add_rank_load({n, static_cast<int64_t>(ev->number("step")), line});
+      store_.add_rank_load({n, count("step"), line});
     } else if (ev->kind == "done") {
       r.done = ev;
     }
@@ -563,7 +553,8 @@ class StudyRun {
         r.queue_timed_out = true;
         std::string state;
         if (!alloc_.inside && !r.slurm_id.empty())
-          if (auto job = slurm_job(r.slurm_id)) state = " (Slurm job " + job->id + ": " + job->state + ", reason " + job->reason + ")";
+          if (auto job = slurm_job(r.slurm_id))
+            state = " (Slurm job " + job->id + ": " + job->state + ", reason " + job->reason + ")";
         r.rec.reason = "queue timeout: no event within launcher.queue_timeout = " + fmt(limit) + " s of launch" + state;
         say(r.label + ": " + r.rec.reason + "; cancelling it");
         stop_trial(r);
@@ -665,8 +656,8 @@ class StudyRun {
 
   void maybe_retry(TrialRecord& rec, const std::map<std::string, ParamValue>& params) {
     if (rec.attempt > c_.retry_failed || !retryable(rec)) return;
-    bridge_->enqueue(params, {{"bs_retry_of", std::to_string(rec.number)},
-                              {"bs_attempt", std::to_string(rec.attempt + 1)}});
+    bridge_->enqueue(params,
+                     {{"bs_retry_of", std::to_string(rec.number)}, {"bs_attempt", std::to_string(rec.attempt + 1)}});
     store_.mark_retried(rec.number);
     rec.retried = true;
   }
@@ -690,7 +681,7 @@ class StudyRun {
   StudyStore store_;
   std::unique_ptr<OptunaBridge> bridge_;
   YAML::Node base_;
-  int threads_ = 1;
+  int threads_;
   std::vector<std::string> gpus_;  // every GPU trials may get (empty: CPU trials)
   GpuSlots slots_;
   SlurmAllocation alloc_ = current_slurm_allocation();  // trials are steps of it when inside
@@ -717,11 +708,11 @@ int Controller::run() {
   // resumed one alike, before anything is written or any trial starts.
   std::vector<std::string> gpus = launcher_gpus(config_.launcher);
   check_gpu_fit(config_.launcher, config_.parallel, gpus, config_.source);
+  const int cores =
+      options_.cores > 0 ? options_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  const int threads = cpus_per_rank(config_.launcher, config_.parallel, cores);
   // So is what Slurm can grant: an impossible request is a config error now, not a trial queued forever.
-  if (config_.launcher.kind == "srun") {
-    const int cores = options_.cores > 0 ? options_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    check_slurm_request(config_.launcher, cpus_per_rank(config_.launcher, config_.parallel, cores), config_.source);
-  }
+  if (config_.launcher.kind == "srun") check_slurm_request(config_.launcher, threads, config_.source);
   std::string dir = study_dir();
   fs::create_directories(dir + "/trials");
   // One controller per study: a second one would launch the same trials twice. The lock dies with us.
@@ -736,7 +727,7 @@ int Controller::run() {
     int fd;
     ~Unlock() { close(fd); }
   } unlock{fd};
-  StudyRun run(config_, options_, dir, std::move(gpus));
+  StudyRun run(config_, options_, dir, std::move(gpus), threads);
   return run.run();
 }
 

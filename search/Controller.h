@@ -9,11 +9,11 @@
 namespace bs::search {
 
 struct ControllerOptions {
-  std::string dir = "studies";   // studies live in <dir>/<name>/ (study.db, trials/NNNN/)
-  std::string trainer_exe;       // the bertsweep executable that runs `train`
-  bool quiet = false;            // no progress on stderr
-  int cores = 0;                 // cores shared by the parallel trials; 0: all of this machine's
-  double kill_grace_s = 10;      // SIGTERM, then SIGKILL after this long
+  std::string dir = "studies";  // studies live in <dir>/<name>/ (study.db, trials/NNNN/)
+  std::string trainer_exe;      // the bertsweep executable that runs `train`
+  bool quiet = false;           // no progress on stderr
+  int cores = 0;                // cores shared by the parallel trials; 0: all of this machine's
+  double kill_grace_s = 10;     // SIGTERM, then SIGKILL after this long
 };
 
 // Penalties for a trial that did not reach its target, so that it never ranks above one that did:

@@ -76,8 +76,8 @@ std::string ensure_python() {
     return guarded("import optuna", [] {
       py::module_ warnings = py::module_::import("warnings");
       py::module_ optuna = py::module_::import("optuna");
-      warnings.attr("filterwarnings")("ignore", py::arg("category") = optuna.attr("exceptions").attr(
-                                                    "ExperimentalWarning"));
+      warnings.attr("filterwarnings")("ignore",
+                                      py::arg("category") = optuna.attr("exceptions").attr("ExperimentalWarning"));
       optuna.attr("logging").attr("set_verbosity")(optuna.attr("logging").attr("WARNING"));
       return optuna.attr("__version__").cast<std::string>();
     });
@@ -91,11 +91,12 @@ std::string python_version() {
   return v.substr(0, v.find(' '));
 }
 
-struct OptunaBridge::Impl {
+// Hidden, as pybind11 declares its own types: a visible struct holding py::objects warns (-Wattributes).
+struct __attribute__((visibility("hidden"))) OptunaBridge::Impl {
   py::module_ optuna;
   py::object study;
-  py::object trial_state;                 // optuna.trial.TrialState
-  std::map<int64_t, py::object> live;     // trials asked in this session
+  py::object trial_state;              // optuna.trial.TrialState
+  std::map<int64_t, py::object> live;  // trials asked in this session
 };
 
 OptunaBridge::OptunaBridge(const std::string& db_path, const StudyConfig& config) : impl_(new Impl) {
@@ -109,8 +110,8 @@ OptunaBridge::OptunaBridge(const std::string& db_path, const StudyConfig& config
     connect_args["timeout"] = 30;
     py::dict engine_kwargs;
     engine_kwargs["connect_args"] = connect_args;
-    py::object storage = I.optuna.attr("storages").attr("RDBStorage")(py::arg("url") = url,
-                                                                       py::arg("engine_kwargs") = engine_kwargs);
+    py::object storage =
+        I.optuna.attr("storages").attr("RDBStorage")(py::arg("url") = url, py::arg("engine_kwargs") = engine_kwargs);
     // Seed offset by the trials already stored, so that a continued study samples new points.
     int64_t existing = 0;
     try {
@@ -179,8 +180,7 @@ OptunaBridge::Asked OptunaBridge::ask(const SearchSpace& space, const YAML::Node
           for (const auto& c : p.choices) choices.append(to_python(c));
           return from_python(trial.attr("suggest_categorical")(name, choices));
         }
-        case SpaceParam::Kind::kUniform:
-          return from_python(trial.attr("suggest_float")(name, p.low, p.high));
+        case SpaceParam::Kind::kUniform: return from_python(trial.attr("suggest_float")(name, p.low, p.high));
         case SpaceParam::Kind::kLogUniform:
           return from_python(trial.attr("suggest_float")(name, p.low, p.high, py::arg("log") = true));
         case SpaceParam::Kind::kInt:
@@ -189,14 +189,12 @@ OptunaBridge::Asked OptunaBridge::ask(const SearchSpace& space, const YAML::Node
             for (const auto& c : p.choices) choices.append(to_python(c));
             return from_python(trial.attr("suggest_categorical")(name, choices));
           }
-          return from_python(trial.attr("suggest_int")(name, static_cast<int64_t>(p.low),
-                                                      static_cast<int64_t>(p.high), py::arg("step") = p.step,
-                                                      py::arg("log") = p.log));
+          return from_python(trial.attr("suggest_int")(name, static_cast<int64_t>(p.low), static_cast<int64_t>(p.high),
+                                                       py::arg("step") = p.step, py::arg("log") = p.log));
       }
       throw std::logic_error("unhandled parameter kind");
     });
-    for (auto kv : py::dict(trial.attr("user_attrs")))
-      a.user_attrs[text_of(kv.first)] = text_of(kv.second);
+    for (auto kv : py::dict(trial.attr("user_attrs"))) a.user_attrs[text_of(kv.first)] = text_of(kv.second);
     return a;
   });
 }

@@ -23,7 +23,7 @@ std::string python_version();
 
 struct OptunaTrialInfo {
   int64_t number = -1;
-  std::string state;                         // COMPLETE | PRUNED | FAIL | RUNNING | WAITING
+  std::string state;  // COMPLETE | PRUNED | FAIL | RUNNING | WAITING
   std::vector<double> values;
   std::map<std::string, ParamValue> params;
   std::map<std::string, std::string> user_attrs;  // as text
@@ -53,13 +53,12 @@ class OptunaBridge {
   void tell_fail(int64_t number);
   void set_user_attr(int64_t number, const std::string& key, const std::string& value);
   // Queues the same parameters again (retry); `user_attrs` are attached to the new trial.
-  void enqueue(const std::map<std::string, ParamValue>& params,
-               const std::map<std::string, std::string>& user_attrs);
+  void enqueue(const std::map<std::string, ParamValue>& params, const std::map<std::string, std::string>& user_attrs);
 
   std::vector<OptunaTrialInfo> trials() const;
   std::map<std::string, int> count_by_state() const;
   std::optional<int64_t> best_trial_number() const;  // single-objective; nullopt when none complete
-  std::vector<int64_t> pareto_front() const;          // multi-objective best_trials
+  std::vector<int64_t> pareto_front() const;         // multi-objective best_trials
 
  private:
   struct Impl;

@@ -55,8 +55,8 @@ void read_range(const YAML::Node& n, SpaceParam& p, const std::string& kind, con
   p.low = number(n[0], "parameter '" + p.key + "': low", source);
   p.high = number(n[1], "parameter '" + p.key + "': high", source);
   if (p.low > p.high)
-    throw ConfigError(where(n, source) + ": parameter '" + p.key + "': low (" + to_string(p.low) +
-                      ") > high (" + to_string(p.high) + "); swap them");
+    throw ConfigError(where(n, source) + ": parameter '" + p.key + "': low (" + to_string(p.low) + ") > high (" +
+                      to_string(p.high) + "); swap them");
 }
 
 std::string text_at(const YAML::Node& root, const std::string& key) { return yaml::scalar_at(root, key); }
@@ -145,8 +145,9 @@ void read_choice(const YAML::Node& v, SpaceParam& p, const std::string& source) 
 
 // `uniform | log_uniform | int: [low, high]`.
 void read_range_kind(const std::string& k, const YAML::Node& v, SpaceParam& p, const std::string& source) {
-  p.kind = k == "uniform" ? SpaceParam::Kind::kUniform
-                          : k == "log_uniform" ? SpaceParam::Kind::kLogUniform : SpaceParam::Kind::kInt;
+  p.kind = k == "uniform"       ? SpaceParam::Kind::kUniform
+           : k == "log_uniform" ? SpaceParam::Kind::kLogUniform
+                                : SpaceParam::Kind::kInt;
   read_range(v, p, k, source);
   if (p.kind == SpaceParam::Kind::kLogUniform && p.low <= 0)
     throw ConfigError(where(v, source) + ": parameter '" + p.key + "': log_uniform needs low > 0");
@@ -234,8 +235,8 @@ SpaceParam read_param(const YAML::Node& key, const YAML::Node& d, const std::set
   if ((p.pow2 || p.log || p.step != 1) && p.kind != SpaceParam::Kind::kInt)
     throw ConfigError(p.where + ": parameter '" + p.key + "': step, pow2 and log apply to int parameters only");
   if (p.pow2 && p.grid_values().empty())
-    throw ConfigError(p.where + ": parameter '" + p.key + "': no power of two lies in [" + to_string(p.low) +
-                      ", " + to_string(p.high) + "]");
+    throw ConfigError(p.where + ": parameter '" + p.key + "': no power of two lies in [" + to_string(p.low) + ", " +
+                      to_string(p.high) + "]");
   if (p.kind == SpaceParam::Kind::kInt && p.log && p.low <= 0)
     throw ConfigError(p.where + ": parameter '" + p.key + "': log needs low > 0");
   if (p.pow2) p.choices = p.grid_values();
@@ -271,8 +272,7 @@ void read_derived_clause(const YAML::Node& name, const YAML::Node& v, DerivedRul
       throw ConfigError(where(v, source) + ": derived '" + r.key + "': rule must be sqrt or linear");
   } else if (k == "base_batch") {
     r.base_batch = number(v, "derived '" + r.key + "': base_batch", source);
-    if (r.base_batch <= 0)
-      throw ConfigError(where(v, source) + ": derived '" + r.key + "': base_batch must be > 0");
+    if (r.base_batch <= 0) throw ConfigError(where(v, source) + ": derived '" + r.key + "': base_batch must be > 0");
   } else {
     throw ConfigError(where(name, source) + ": derived '" + r.key + "': unknown key '" + k +
                       "' (expected scale, by, rule, base_batch)");
@@ -287,8 +287,9 @@ DerivedRule read_derived_rule(const YAML::Node& key, const YAML::Node& d, const 
   if (!TrainConfig::is_key(r.key))
     throw ConfigError(r.where + ": derived key '" + r.key + "' is not a training config key");
   if (!d.IsMap())
-    throw ConfigError(r.where + ": derived '" + r.key + "' must be {scale: KEY, by: KEY, rule: sqrt|linear, "
-                                                        "base_batch: N}");
+    throw ConfigError(r.where + ": derived '" + r.key +
+                      "' must be {scale: KEY, by: KEY, rule: sqrt|linear, "
+                      "base_batch: N}");
   bool has_scale = false, has_by = false;
   for (const auto& e : d) read_derived_clause(e.first, e.second, r, has_scale, has_by, source);
   if (!has_scale || !has_by) throw ConfigError(r.where + ": derived '" + r.key + "' needs both scale: and by:");

@@ -9,7 +9,9 @@
 #include <variant>
 #include <vector>
 
-namespace YAML { class Node; }
+namespace YAML {
+class Node;
+}
 
 namespace bs::search {
 
@@ -26,7 +28,7 @@ struct Condition {
 
 struct SpaceParam {
   enum class Kind { kChoice, kUniform, kLogUniform, kInt };
-  std::string key;                  // training key path, checked with TrainConfig::is_key
+  std::string key;  // training key path, checked with TrainConfig::is_key
   Kind kind = Kind::kChoice;
   std::vector<ParamValue> choices;  // kChoice
   double low = 0, high = 0;         // kUniform, kLogUniform, kInt

@@ -15,10 +15,8 @@
 #include <sstream>
 
 #include "common/Env.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
-
-extern char** environ;
 
 namespace bs::search {
 
@@ -107,8 +105,7 @@ std::vector<std::string> slurm_lines(const std::string& text) {
   std::istringstream in(text);
   for (std::string line; std::getline(in, line);) {
     if (line.find("slurmstepd") != std::string::npos || line.rfind("srun: error:", 0) == 0 ||
-        line.rfind("srun: fatal:", 0) == 0 || line.find("PMI") != std::string::npos ||
-        line.find("PMIx") != std::string::npos)
+        line.rfind("srun: fatal:", 0) == 0 || line.find("PMI") != std::string::npos)
       out.push_back(trim(line));
   }
   return out;
@@ -187,12 +184,14 @@ std::vector<std::string> srun_options(const LauncherConfig& launcher, int cpus_p
 void check_slurm_request(const LauncherConfig& launcher, int cpus_per_rank, const std::string& source) {
   const int ranks = std::max(1, launcher.ranks);
   const std::string asked = std::to_string(ranks) + " rank(s) x " + std::to_string(cpus_per_rank) + " CPU(s)";
-  const std::string keys = "launcher.ranks, cpus_per_trial, nodes, ranks_per_node, partition, time_limit, mpi "
-                           "or extra_args";
+  const std::string keys =
+      "launcher.ranks, cpus_per_trial, nodes, ranks_per_node, partition, time_limit, mpi "
+      "or extra_args";
   const SlurmAllocation a = current_slurm_allocation();
   if (a.inside) {
     // Trials are steps of this allocation: they can never have more CPUs than it holds.
-    if (a.cpus_on_node > 0 && static_cast<int64_t>(ranks) * cpus_per_rank > static_cast<int64_t>(a.cpus_on_node) * a.nodes)
+    if (a.cpus_on_node > 0 &&
+        static_cast<int64_t>(ranks) * cpus_per_rank > static_cast<int64_t>(a.cpus_on_node) * a.nodes)
       throw ConfigError(source + ": a trial asks " + asked + " but this Slurm allocation (job " + a.job_id +
                         ") holds " + std::to_string(a.cpus_on_node * a.nodes) + " CPU(s) (SLURM_CPUS_ON_NODE=" +
                         std::to_string(a.cpus_on_node) + " x " + std::to_string(a.nodes) +
@@ -205,7 +204,8 @@ void check_slurm_request(const LauncherConfig& launcher, int cpus_per_rank, cons
   argv.push_back("true");
   CommandResult r = run_command(argv, 60);
   if (r.exit_code == 127)
-    throw ConfigError(source + ": launcher.kind is srun but srun was not found on PATH (install Slurm's client, "
+    throw ConfigError(source +
+                      ": launcher.kind is srun but srun was not found on PATH (install Slurm's client, "
                       "Debian's slurm-client, or use launcher.kind: local or mpirun)");
   if (r.exit_code != 0) {
     std::string why;
@@ -220,9 +220,8 @@ void check_slurm_request(const LauncherConfig& launcher, int cpus_per_rank, cons
 }
 
 std::optional<SlurmJob> slurm_find_job(const std::string& name) {
-  CommandResult r = run_command({"squeue", "--noheader", "--states=all", "--user=" + whoami(), "--name=" + name,
-                                 "--format=%i|%T|%r|%l"},
-                                20);
+  CommandResult r = run_command(
+      {"squeue", "--noheader", "--states=all", "--user=" + whoami(), "--name=" + name, "--format=%i|%T|%r|%l"}, 20);
   if (r.exit_code != 0) return std::nullopt;
   std::optional<SlurmJob> newest;
   std::istringstream in(r.out);
@@ -249,8 +248,10 @@ std::optional<SlurmJob> slurm_job(const std::string& id) {
     if (eq == std::string::npos) continue;
     const std::string k = kv.substr(0, eq), v = kv.substr(eq + 1);
     if (k == "JobState") j.state = v;
-    else if (k == "Reason") j.reason = v;
-    else if (k == "TimeLimit") j.time_limit = v;
+    else if (k == "Reason")
+      j.reason = v;
+    else if (k == "TimeLimit")
+      j.time_limit = v;
   }
   if (j.state.empty()) return std::nullopt;
   return j;
@@ -274,11 +275,14 @@ std::optional<SlurmFailure> slurm_failure(const std::optional<SlurmJob>& job, co
   // Inside an allocation the job is the controller's: the step's fate is only in slurmstepd's line.
   if (state.empty() || state == "RUNNING" || state == "COMPLETING") {
     if (stepd.find("DUE TO TIME LIMIT") != std::string::npos) state = "TIMEOUT";
-    else if (stepd.find("DUE TO PREEMPTION") != std::string::npos) state = "PREEMPTED";
-    else if (stepd.find("CANCELLED") != std::string::npos) state = "CANCELLED";
+    else if (stepd.find("DUE TO PREEMPTION") != std::string::npos)
+      state = "PREEMPTED";
+    else if (stepd.find("CANCELLED") != std::string::npos)
+      state = "CANCELLED";
     else if (first_matching(lines, "oom-kill").size() || first_matching(lines, "Out Of Memory").size())
       state = "OUT_OF_MEMORY";
-    else state.clear();
+    else
+      state.clear();
   }
   const std::string id = job ? "job " + job->id : "its job";
   if (!state.empty() && state != "FAILED" && state != "COMPLETED") {
@@ -293,9 +297,9 @@ std::optional<SlurmFailure> slurm_failure(const std::optional<SlurmJob>& job, co
     return f;
   }
   // Launch errors: the job never ran the trainer, and would not on a retry either.
-  for (const char* needle : {"Unable to allocate resources", "invalid partition", "Invalid partition",
-                             "not built with SLURM's PMI support", "PMIx", "PMI", "srun: fatal:",
-                             "Unable to create step", "Invalid generic resource", "Invalid account"}) {
+  for (const char* needle :
+       {"Unable to allocate resources", "invalid partition", "Invalid partition", "not built with SLURM's PMI support",
+        "PMIx", "PMI", "srun: fatal:", "Unable to create step", "Invalid generic resource", "Invalid account"}) {
     std::string l = first_matching(lines, needle);
     if (l.empty()) continue;
     return SlurmFailure{shorten("slurm: launch failed (" + id + "): " + l), false};

@@ -22,9 +22,9 @@ CommandResult run_command(const std::vector<std::string>& argv, double timeout_s
 // The allocation the controller runs in (it was started by sbatch/salloc): trials are then job steps.
 struct SlurmAllocation {
   bool inside = false;
-  std::string job_id;     // SLURM_JOB_ID
-  int cpus_on_node = 0;   // SLURM_CPUS_ON_NODE
-  int nodes = 1;          // SLURM_JOB_NUM_NODES
+  std::string job_id;    // SLURM_JOB_ID
+  int cpus_on_node = 0;  // SLURM_CPUS_ON_NODE
+  int nodes = 1;         // SLURM_JOB_NUM_NODES
 };
 SlurmAllocation current_slurm_allocation();
 
@@ -63,8 +63,8 @@ bool slurm_cancel(const std::string& id);
 bool slurm_cancel_by_name(const std::string& name);
 
 struct SlurmFailure {
-  std::string reason;      // e.g. "slurm: job 12 TIMEOUT (time limit 1:00): *** STEP 12.0 ... DUE TO TIME LIMIT ***"
-  bool retryable = true;   // TIMEOUT, OUT_OF_MEMORY, a cancel by someone and launch errors fail the same way again
+  std::string reason;     // e.g. "slurm: job 12 TIMEOUT (time limit 1:00): *** STEP 12.0 ... DUE TO TIME LIMIT ***"
+  bool retryable = true;  // TIMEOUT, OUT_OF_MEMORY, a cancel by someone and launch errors fail the same way again
 };
 // Why a srun trial ended badly, in Slurm's words: the job's state when Slurm still knows it (`job`), and
 // the lines slurmstepd, srun and OpenMPI wrote to the trial's stderr (`stderr_text`). Nullopt when Slurm

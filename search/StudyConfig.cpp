@@ -25,7 +25,8 @@ std::vector<std::string> string_or_list(const YAML::Node& n, const std::string& 
       if (!e.IsScalar()) throw ConfigError(where(e, source) + ": '" + key + "' entries must be plain values");
       out.push_back(e.Scalar());
     }
-  else throw ConfigError(where(n, source) + ": '" + key + "' must be a value or a non-empty list");
+  else
+    throw ConfigError(where(n, source) + ": '" + key + "' must be a value or a non-empty list");
   return out;
 }
 
@@ -37,8 +38,8 @@ std::string scalar(const YAML::Node& n, const std::string& key, const std::strin
 int64_t integer(const YAML::Node& n, const std::string& key, const std::string& source, int64_t min) {
   ParamValue v = parse_scalar(scalar(n, key, source));
   if (!std::holds_alternative<int64_t>(v) || std::get<int64_t>(v) < min)
-    throw ConfigError(where(n, source) + ": '" + key + "' must be an integer >= " + std::to_string(min) +
-                      ", got '" + n.Scalar() + "'");
+    throw ConfigError(where(n, source) + ": '" + key + "' must be an integer >= " + std::to_string(min) + ", got '" +
+                      n.Scalar() + "'");
   return std::get<int64_t>(v);
 }
 
@@ -62,7 +63,6 @@ std::string matching(const YAML::Node& n, const std::string& key, const std::str
   return v;
 }
 
-
 std::string join_ids(const std::vector<std::string>& ids) {
   std::string out;
   for (const auto& id : ids) out += (out.empty() ? "" : ",") + id;
@@ -73,11 +73,11 @@ std::string default_direction(const std::string& objective) {
   return objective == "final_mlm_accuracy" ? "maximize" : "minimize";
 }
 
-
 // Launcher arguments come from a study file that may be someone else's: they are passed as argument vectors
 // (never through a shell), and besides may only hold plain characters and no option that names a program
 // for mpirun/srun to start (--launch-agent, plm_rsh_agent, --task-prolog, LD_PRELOAD...).
-void check_launcher_arg(const std::string& arg, const YAML::Node& n, const std::string& key, const std::string& source) {
+void check_launcher_arg(const std::string& arg, const YAML::Node& n, const std::string& key,
+                        const std::string& source) {
   static const std::regex plain("[A-Za-z0-9_.,:=/+@%-]*");
   if (!std::regex_match(arg, plain))
     throw ConfigError(where(n, source) + ": " + key + " '" + arg +
@@ -196,7 +196,8 @@ void read_extra_args(const YAML::Node& v, const std::string& key, const Reading&
 
 void read_gpus(const YAML::Node& g, const std::string& key, const Reading& r, LauncherConfig& l) {
   if (!g.IsSequence() || g.size() == 0)
-    throw ConfigError(where(g, r.source) + ": '" + key + "' must be a non-empty list of GPU ids, e.g. "
+    throw ConfigError(where(g, r.source) + ": '" + key +
+                      "' must be a non-empty list of GPU ids, e.g. "
                       "[0, 1, 2, 3] (leave it out to use every GPU the controller sees)");
   for (const auto& e : g) {
     std::string id = std::to_string(integer(e, key, r.source, 0));
@@ -217,8 +218,8 @@ void read_time_limit(const YAML::Node& v, const std::string& key, const Reading&
 }
 
 void read_mpi(const YAML::Node& v, const std::string& key, const Reading& r, LauncherConfig& l) {
-  l.mpi = matching(v, key, r.source, "[a-z0-9_]+",
-                   "an srun --mpi plugin such as pmix, pmi2 or none (`srun --mpi=list`)");
+  l.mpi =
+      matching(v, key, r.source, "[a-z0-9_]+", "an srun --mpi plugin such as pmix, pmi2 or none (`srun --mpi=list`)");
 }
 
 void read_job_name(const YAML::Node& v, const std::string& key, const Reading& r, LauncherConfig& l) {
@@ -228,8 +229,9 @@ void read_job_name(const YAML::Node& v, const std::string& key, const Reading& r
 
 void read_queue_timeout(const YAML::Node& v, const std::string& key, const Reading& r, LauncherConfig& l) {
   ParamValue p = parse_scalar(scalar(v, key, r.source));
-  double t = std::holds_alternative<int64_t>(p) ? double(std::get<int64_t>(p))
-             : std::holds_alternative<double>(p) ? std::get<double>(p) : -1;
+  double t = std::holds_alternative<int64_t>(p)  ? double(std::get<int64_t>(p))
+             : std::holds_alternative<double>(p) ? std::get<double>(p)
+                                                 : -1;
   if (!(t >= 0) || !std::isfinite(t))
     throw ConfigError(where(v, r.source) + ": '" + key + "' must be seconds >= 0 (0: none), got '" + v.Scalar() + "'");
   l.queue_timeout = t;
@@ -301,8 +303,10 @@ void check_slurm_keys(YAML::Node& l, const LauncherConfig& launcher, const std::
   for (const auto& key : launcher_keys()) {
     const char* k = key.name;
     if (key.slurm && l[k] && !slurm)
-      throw ConfigError(where(l[k], source) + ": 'launcher." + k + "' is a Slurm key; it needs launcher.kind: "
-                        "srun (the launcher is " + launcher.kind + ")");
+      throw ConfigError(where(l[k], source) + ": 'launcher." + k +
+                        "' is a Slurm key; it needs launcher.kind: "
+                        "srun (the launcher is " +
+                        launcher.kind + ")");
   }
 }
 
@@ -335,12 +339,13 @@ void check_launcher_gpus(YAML::Node& l, const StudyConfig& c, const std::string&
                       std::to_string(gpus.size()) + " (" + join_ids(gpus) +
                       "); lower parallel or gpus_per_trial, or list more GPUs");
   if (yaml::scalar_at(YAML::Load(c.base_yaml), "device") == "cpu")
-    throw ConfigError(where(l["gpus_per_trial"], source) + ": launcher.gpus_per_trial is " +
-                      std::to_string(per_trial) + " but the base training config says device: cpu; set "
+    throw ConfigError(where(l["gpus_per_trial"], source) + ": launcher.gpus_per_trial is " + std::to_string(per_trial) +
+                      " but the base training config says device: cpu; set "
                       "base.device: cuda (or auto), or launcher.gpus_per_trial: 0 for CPU trials");
   for (const auto& p : c.space.params())
     if (p.key == "device")
-      throw ConfigError(p.where + ": 'device' cannot be searched when launcher.gpus_per_trial > 0 (GPU trials "
+      throw ConfigError(p.where +
+                        ": 'device' cannot be searched when launcher.gpus_per_trial > 0 (GPU trials "
                         "run with device=cuda); remove it from the space or set launcher.gpus_per_trial: 0");
 }
 
@@ -354,8 +359,8 @@ void read_launcher(Reading& r, const std::string& key) {
     const auto& keys = launcher_keys();
     auto it = std::find_if(keys.begin(), keys.end(), [&](const LauncherKey& lk) { return k == lk.name; });
     if (it == keys.end())
-      throw ConfigError(where(kv.first, r.source) + ": unknown key 'launcher." + k + "' (known: " +
-                        launcher_keys_text() + ")");
+      throw ConfigError(where(kv.first, r.source) + ": unknown key 'launcher." + k +
+                        "' (known: " + launcher_keys_text() + ")");
     it->read(kv.second, "launcher." + k, r, r.c.launcher);
   }
   check_slurm_keys(l, r.c.launcher, r.source);
@@ -437,9 +442,12 @@ void read_integer(Reading& r, const std::string& key) {
 void read_trial_timeout(Reading& r, const std::string& key) {
   if (!r.node[key]) return;
   ParamValue v = parse_scalar(scalar(r.node[key], key, r.source));
-  double t = std::holds_alternative<int64_t>(v) ? double(std::get<int64_t>(v))
-             : std::holds_alternative<double>(v) ? std::get<double>(v) : -1;
-  if (t < 0) throw ConfigError(where(r.node[key], r.source) + ": '" + key + "' must be seconds >= 0 (0: none)");
+  double t = std::holds_alternative<int64_t>(v)  ? double(std::get<int64_t>(v))
+             : std::holds_alternative<double>(v) ? std::get<double>(v)
+                                                 : -1;
+  // NaN passes `t < 0` and would be stored as .nan, which a resume cannot read back.
+  if (!(t >= 0) || !std::isfinite(t))
+    throw ConfigError(where(r.node[key], r.source) + ": '" + key + "' must be seconds >= 0 (0: none)");
   r.c.trial_timeout = t;
 }
 
@@ -494,7 +502,8 @@ void read_stratify(Reading& r, const std::string& key) {
       throw ConfigError(where(r.node[key], r.source) + ": stratify key '" + k + "' is listed twice");
   }
   if (c.sampler == "grid")
-    throw ConfigError(where(r.node[key], r.source) + ": the grid sampler already tries every combination; "
+    throw ConfigError(where(r.node[key], r.source) +
+                      ": the grid sampler already tries every combination; "
                       "remove 'stratify' or use another sampler");
 }
 

@@ -16,23 +16,23 @@ class Node;
 namespace bs::search {
 
 struct LauncherConfig {
-  std::string kind = "local";  // local | mpirun | srun
-  int ranks = 1;               // mpirun -np / srun --ntasks
-  std::string hostfile;        // mpirun --hostfile (relative to the study config)
+  std::string kind = "local";           // local | mpirun | srun
+  int ranks = 1;                        // mpirun -np / srun --ntasks
+  std::string hostfile;                 // mpirun --hostfile (relative to the study config)
   std::vector<std::string> extra_args;  // appended to the mpirun/srun arguments, one argument each
-  int gpus_per_trial = 0;      // GPUs given to each trial (CUDA_VISIBLE_DEVICES, device=cuda); 0: CPU trials
+  int gpus_per_trial = 0;               // GPUs given to each trial (CUDA_VISIBLE_DEVICES, device=cuda); 0: CPU trials
   // The GPU ids trials are placed on (canonical decimal text); empty: every GPU the controller sees
   // (visible_gpus() in TrialLauncher.h). Under srun these are ids within the Slurm allocation.
   std::vector<std::string> gpus;
   // Slurm (kind: srun; search/Slurm.h). cpus_per_trial also sets the threads of local/mpirun trials' ranks.
-  int cpus_per_trial = 0;      // CPUs of one trial, split evenly between its ranks; 0: the CPUs there are / parallel
-  int nodes = 0;               // srun --nodes; 0: not passed
-  int ranks_per_node = 0;      // srun --ntasks-per-node; 0: not passed
-  std::string partition;       // srun --partition; empty: the cluster's default
-  std::string time_limit;      // srun --time, in Slurm's format (minutes, MM:SS, HH:MM:SS, D-HH[:MM]); empty: none
-  std::string mpi;             // srun --mpi; empty: pmix when ranks > 1, else not passed
+  int cpus_per_trial = 0;  // CPUs of one trial, split evenly between its ranks; 0: the CPUs there are / parallel
+  int nodes = 0;           // srun --nodes; 0: not passed
+  int ranks_per_node = 0;  // srun --ntasks-per-node; 0: not passed
+  std::string partition;   // srun --partition; empty: the cluster's default
+  std::string time_limit;  // srun --time, in Slurm's format (minutes, MM:SS, HH:MM:SS, D-HH[:MM]); empty: none
+  std::string mpi;         // srun --mpi; empty: pmix when ranks > 1, else not passed
   std::string job_name = "bs-{study}-{trial}";  // {study}, {trial} (4 digits) are filled in
-  double queue_timeout = 0;    // srun: seconds from launch to the trial's first event (queue + start); 0: none
+  double queue_timeout = 0;  // srun: seconds from launch to the trial's first event (queue + start); 0: none
 };
 
 struct StudyConfig {
@@ -41,21 +41,21 @@ struct StudyConfig {
   // (e.g. batch.global) for a multi-objective study; one direction per objective.
   std::vector<std::string> objectives = {"samples_to_target"};
   std::vector<std::string> directions = {"minimize"};
-  std::string sampler = "tpe";     // tpe | cmaes | random | grid | qmc
-  std::string pruner = "median";   // median | successive_halving | hyperband | none
+  std::string sampler = "tpe";    // tpe | cmaes | random | grid | qmc
+  std::string pruner = "median";  // median | successive_halving | hyperband | none
   int n_trials = 10;
   int parallel = 1;
   int64_t seed = 0;
-  int retry_failed = 0;            // re-queue a failed trial's params up to this many times
-  double trial_timeout = 0;        // seconds without an event before a trial is killed; 0: none
+  int retry_failed = 0;      // re-queue a failed trial's params up to this many times
+  double trial_timeout = 0;  // seconds without an event before a trial is killed; 0: none
   // Choice parameters whose every combination ("cell") gets an equal share of the trials: each new trial
   // is enqueued with the least-tried cell's values and the sampler picks the rest, so e.g. every
   // (optimizer, batch) pair is tuned instead of the sampler settling on one early.
   std::vector<std::string> stratify;
-  std::string base_yaml;           // the base training config, every key explicit (canonical)
+  std::string base_yaml;  // the base training config, every key explicit (canonical)
   SearchSpace space;
   LauncherConfig launcher;
-  std::string source;              // the file it was read from
+  std::string source;  // the file it was read from
 
   // Reads a study file. `sets`: `key=value` overrides of the study config; `base.a.b=v` sets a key of the
   // base training config (after `base_config:`/`extends:` are followed). Errors name the key and file:line.

@@ -71,11 +71,13 @@ struct Reader {
       char c = s[i];
       if (in_str) {
         if (c == '\\') ++i;
-        else if (c == '"') in_str = false;
+        else if (c == '"')
+          in_str = false;
         continue;
       }
       if (c == '"') in_str = true;
-      else if (c == '[' || c == '{') ++depth;
+      else if (c == '[' || c == '{')
+        ++depth;
       else if (c == ']' || c == '}') {
         if (--depth == 0) {
           ++i;

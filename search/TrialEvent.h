@@ -1,4 +1,4 @@
-// One line of the trial protocol (DESIGN.md "Trial protocol"): a flat JSON object such as
+// One line of the trial protocol (docs/ARCHITECTURE.md section 2): a flat JSON object such as
 // {"event":"eval","step":10,"samples":320,"mlm_accuracy":0.12,"loss":6.1,"seconds":3.2}.
 #pragma once
 #include <map>
@@ -8,10 +8,11 @@
 namespace bs::search {
 
 struct TrialEvent {
-  std::string kind;                              // the "event" field: eval, throughput, rank_load, done
-  std::map<std::string, double> numbers;         // numbers and booleans (true = 1); JSON null is left out
-  std::map<std::string, std::string> strings;    // strings, and nested arrays/objects as their raw JSON text
-  std::string line;                              // the line as received
+  std::string kind;                            // the "event" field: start, eval, throughput, done (and
+                                               // rank_load, which the controller stores but no trainer emits yet)
+  std::map<std::string, double> numbers;       // numbers and booleans (true = 1); JSON null is left out
+  std::map<std::string, std::string> strings;  // strings, and nested arrays/objects as their raw JSON text
+  std::string line;                            // the line as received
 
   double number(const std::string& key, double fallback = 0) const;
   std::optional<double> maybe(const std::string& key) const;

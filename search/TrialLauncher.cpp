@@ -14,7 +14,7 @@
 #include <filesystem>
 #include <stdexcept>
 
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 #include "search/Slurm.h"
 
@@ -36,9 +36,9 @@ LaunchSpec trainer_launch(const LauncherConfig& launcher, const std::string& exe
   // A GPU trial sees only its own GPUs (each rank then takes local_rank % count of them). A CPU trial's
   // environment is left as the controller's.
   if (!gpus.empty()) s.env["CUDA_VISIBLE_DEVICES"] = join_gpu_ids(gpus);
-  std::vector<std::string> train = {exe,     "train",   "--config",
+  std::vector<std::string> train = {exe,         "train",    "--config",
                                     config_path, "--events", s.events_on_stdout ? "stdout" : "fd:3",
-                                    "--quiet", "--set",   "threads=" + t};
+                                    "--quiet",   "--set",    "threads=" + t};
   if (!gpus.empty()) train.insert(train.end(), {"--set", "device=cuda"});
   if (launcher.kind == "mpirun") {
     s.argv = {"mpirun", "-np", std::to_string(launcher.ranks)};
@@ -122,8 +122,9 @@ void check_gpu_fit(const LauncherConfig& launcher, int parallel, const std::vect
     found = gpus.empty() ? std::string("no GPU is visible")
                          : std::to_string(gpus.size()) + " GPU(s) are visible (" + join_gpu_ids(gpus) + ")";
     found += env ? " in CUDA_VISIBLE_DEVICES='" + std::string(env) + "'"
-                 : std::string(" (no CUDA_VISIBLE_DEVICES; GPUs counted from /proc/driver/nvidia/gpus and "
-                               "/dev/nvidiaN)");
+                 : std::string(
+                       " (no CUDA_VISIBLE_DEVICES; GPUs counted from /proc/driver/nvidia/gpus and "
+                       "/dev/nvidiaN)");
   }
   throw ConfigError(source + ": parallel (" + std::to_string(parallel) + ") x launcher.gpus_per_trial (" +
                     std::to_string(per_trial) + ") needs " + std::to_string(need) + " GPUs but " + found +
@@ -190,18 +191,57 @@ std::vector<char*> c_strings(std::vector<std::string>& v) {
   out.push_back(nullptr);
   return out;
 }
+
+// This environment with spec.env's variables replaced or added, as KEY=VALUE strings.
+std::vector<std::string> child_environment(const std::map<std::string, std::string>& overrides) {
+  std::vector<std::string> env;
+  for (char** e = environ; *e; ++e) {
+    std::string kv = *e;
+    if (!overrides.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
+  }
+  for (const auto& kv : overrides) env.push_back(kv.first + "=" + kv.second);
+  return env;
+}
+
+// The child's side of fork(): only async-signal-safe calls. stdin is /dev/null, stdout the log (or the event
+// pipe), stderr the log, fd 3 the event pipe; an exec failure's errno goes back through exec_err_w.
+[[noreturn]] void exec_child(pid_t parent, bool events_on_stdout, int events_w, int out_fd, int err_fd, int exec_err_w,
+                             char** argv, char** envp) {
+  setpgid(0, 0);                     // its own group: SIGTERM reaches mpirun and its ranks
+  prctl(PR_SET_PDEATHSIG, SIGTERM);  // the controller died: stop rather than run orphaned
+  if (getppid() != parent) _exit(126);
+  // Move the fds we keep above 9 first so the dup2s below cannot clobber one another.
+  int ev = fcntl(events_w, F_DUPFD_CLOEXEC, 10);
+  int o = fcntl(out_fd, F_DUPFD_CLOEXEC, 10);
+  int er = fcntl(err_fd, F_DUPFD_CLOEXEC, 10);
+  int null_in = open("/dev/null", O_RDONLY);
+  dup2(null_in, 0);
+  dup2(events_on_stdout ? ev : o, 1);
+  dup2(er, 2);
+  if (!events_on_stdout) dup2(ev, 3);
+  for (int fd = events_on_stdout ? 3 : 4; fd < 1024; ++fd)
+    if (fd != exec_err_w) close(fd);
+  sigset_t none;
+  sigemptyset(&none);
+  sigprocmask(SIG_SETMASK, &none, nullptr);
+  signal(SIGPIPE, SIG_DFL);
+  signal(SIGTERM, SIG_DFL);
+  signal(SIGINT, SIG_DFL);
+  if (std::strchr(argv[0], '/')) execve(argv[0], argv, envp);
+  else
+    execvpe(argv[0], argv, envp);
+  int err = errno;
+  ssize_t ignored = write(exec_err_w, &err, sizeof err);
+  (void)ignored;
+  _exit(127);
+}
 }  // namespace
 
 TrialProcess::TrialProcess(const LaunchSpec& spec) {
   if (spec.argv.empty()) throw std::invalid_argument("TrialProcess: empty argument vector");
   // Everything the child needs is prepared before fork: after it, only async-signal-safe calls.
   std::vector<std::string> args = spec.argv;
-  std::vector<std::string> env;
-  for (char** e = environ; *e; ++e) {
-    std::string kv = *e;
-    if (!spec.env.count(kv.substr(0, kv.find('=')))) env.push_back(kv);
-  }
-  for (const auto& kv : spec.env) env.push_back(kv.first + "=" + kv.second);
+  std::vector<std::string> env = child_environment(spec.env);
   std::vector<char*> argv = c_strings(args), envp = c_strings(env);
 
   int out_fd = open(spec.stdout_path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
@@ -217,34 +257,8 @@ TrialProcess::TrialProcess(const LaunchSpec& spec) {
   pid_t parent = getpid();
   pid_ = fork();
   if (pid_ < 0) throw std::runtime_error(std::string("fork: ") + std::strerror(errno));
-  if (pid_ == 0) {
-    setpgid(0, 0);                          // its own group: SIGTERM reaches mpirun and its ranks
-    prctl(PR_SET_PDEATHSIG, SIGTERM);       // the controller died: stop rather than run orphaned
-    if (getppid() != parent) _exit(126);
-    // Move the fds we keep above 9 first so the dup2s below cannot clobber one another.
-    int ev = fcntl(events[1], F_DUPFD_CLOEXEC, 10);
-    int o = fcntl(out_fd, F_DUPFD_CLOEXEC, 10);
-    int er = fcntl(err_fd, F_DUPFD_CLOEXEC, 10);
-    int null_in = open("/dev/null", O_RDONLY);
-    dup2(null_in, 0);
-    dup2(spec.events_on_stdout ? ev : o, 1);
-    dup2(er, 2);
-    if (!spec.events_on_stdout) dup2(ev, 3);
-    for (int fd = spec.events_on_stdout ? 3 : 4; fd < 1024; ++fd)
-      if (fd != exec_err[1]) close(fd);
-    sigset_t none;
-    sigemptyset(&none);
-    sigprocmask(SIG_SETMASK, &none, nullptr);
-    signal(SIGPIPE, SIG_DFL);
-    signal(SIGTERM, SIG_DFL);
-    signal(SIGINT, SIG_DFL);
-    if (args[0].find('/') != std::string::npos) execve(argv[0], argv.data(), envp.data());
-    else execvpe(argv[0], argv.data(), envp.data());
-    int err = errno;
-    ssize_t ignored = write(exec_err[1], &err, sizeof err);
-    (void)ignored;
-    _exit(127);
-  }
+  if (pid_ == 0)
+    exec_child(parent, spec.events_on_stdout, events[1], out_fd, err_fd, exec_err[1], argv.data(), envp.data());
   setpgid(pid_, pid_);  // also from the parent: no race with an early signal_group()
   close(events[1]);
   close(exec_err[1]);
@@ -265,7 +279,8 @@ TrialProcess::TrialProcess(const LaunchSpec& spec) {
   fcntl(event_fd_, F_SETFL, fcntl(event_fd_, F_GETFL) | O_NONBLOCK);
   copy_stdout_ = spec.events_on_stdout;
   if (copy_stdout_) stdout_copy_fd_ = out_fd;
-  else close(out_fd);
+  else
+    close(out_fd);
 }
 
 TrialProcess::~TrialProcess() {

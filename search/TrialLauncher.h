@@ -14,9 +14,9 @@
 namespace bs::search {
 
 struct LaunchSpec {
-  std::vector<std::string> argv;              // argv[0]: absolute path, or a name looked up on PATH
-  std::map<std::string, std::string> env;     // added to (or replacing in) the controller's environment
-  std::string stdout_path, stderr_path;       // appended to
+  std::vector<std::string> argv;           // argv[0]: absolute path, or a name looked up on PATH
+  std::map<std::string, std::string> env;  // added to (or replacing in) the controller's environment
+  std::string stdout_path, stderr_path;    // appended to
   // Where the child writes its event lines: fd 3 (a pipe), or its stdout (then stdout goes through the
   // same pipe and the controller copies every line to stdout_path).
   bool events_on_stdout = false;
@@ -55,8 +55,8 @@ void check_gpu_fit(const LauncherConfig& launcher, int parallel, const std::vect
 class GpuSlots {
  public:
   GpuSlots(std::vector<std::string> gpus, int per_trial);
-  int capacity() const;            // trials that can hold GPUs at once
-  int in_use() const;              // blocks handed out
+  int capacity() const;  // trials that can hold GPUs at once
+  int in_use() const;    // blocks handed out
   // Throws std::runtime_error when every block is taken.
   std::vector<std::string> acquire();
   // Gives back what acquire() returned; throws std::invalid_argument for ids that are not a held block.
@@ -65,7 +65,7 @@ class GpuSlots {
  private:
   std::vector<std::string> gpus_;
   int per_trial_;
-  std::vector<bool> taken_;        // per block
+  std::vector<bool> taken_;  // per block
 };
 
 // "0,1": the form of CUDA_VISIBLE_DEVICES and of the trial's stored assignment.

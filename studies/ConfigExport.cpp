@@ -30,7 +30,8 @@ std::string existing_study_db(const std::string& dir, const std::string& name) {
   std::error_code ec;
   if (fs::is_directory(dir, ec))
     for (const auto& e : fs::directory_iterator(dir, ec))
-      if (fs::is_regular_file(e.path() / "study.db")) known += (known.empty() ? "" : ", ") + e.path().filename().string();
+      if (fs::is_regular_file(e.path() / "study.db"))
+        known += (known.empty() ? "" : ", ") + e.path().filename().string();
   throw StudyError("unknown study '" + name + "': " + db.string() + " does not exist (studies in " + dir + ": " +
                    (known.empty() ? "none" : known) + "; pass --dir to look elsewhere)");
 }
@@ -71,7 +72,7 @@ bool parse_number(const std::string& s, double& out) {
 
 std::string expand_short_key(const std::string& k) {
   static const std::map<std::string, std::string> shorts = {
-      {"optimizer", "optimizer.name"}, {"batch", "batch.global"}, {"lr", "optimizer.lr"},
+      {"optimizer", "optimizer.name"}, {"batch", "batch.global"},     {"lr", "optimizer.lr"},
       {"sampler", "data.sampler"},     {"schedule", "schedule.name"}, {"clip", "clip.mode"}};
   auto it = shorts.find(k);
   return it == shorts.end() ? k : it->second;
@@ -252,11 +253,11 @@ int64_t per_device_batch(int64_t global_batch, const ProductionLayout& layout) {
                       std::to_string(layout.gpus_per_node) + ")");
   const int64_t devices = layout.devices();
   if (global_batch % devices != 0)
-    throw ConfigError("the global batch " + std::to_string(global_batch) + " is not divisible by " +
-                      std::to_string(devices) + " devices (" + std::to_string(layout.nodes) + " nodes x " +
-                      std::to_string(layout.gpus_per_node) +
-                      " GPUs per node); choose a layout that divides it, or --set batch.global=N with N a multiple of " +
-                      std::to_string(devices));
+    throw ConfigError(
+        "the global batch " + std::to_string(global_batch) + " is not divisible by " + std::to_string(devices) +
+        " devices (" + std::to_string(layout.nodes) + " nodes x " + std::to_string(layout.gpus_per_node) +
+        " GPUs per node); choose a layout that divides it, or --set batch.global=N with N a multiple of " +
+        std::to_string(devices));
   return global_batch / devices;
 }
 
@@ -369,12 +370,11 @@ std::string export_mlperf_json(const TrainConfig& c, const TrialRecord& t, const
   // vocab_size null: taken from the dataset's vocab.
   kv.emplace_back("bert_config",
                   "{\"hidden_size\": " + i64(c.model.hidden) + ", \"num_hidden_layers\": " + i64(c.model.layers) +
-                      ", \"num_attention_heads\": " + i64(c.model.heads) + ", \"intermediate_size\": " +
-                      i64(c.model.intermediate) + ", \"vocab_size\": " +
-                      (c.model.vocab_size > 0 ? i64(c.model.vocab_size) : std::string("null")) +
-                      ", \"max_position_embeddings\": " + i64(c.model.max_position) +
-                      ", \"type_vocab_size\": " + i64(c.model.type_vocab_size) +
-                      ", \"hidden_dropout_prob\": " + num(c.model.dropout) + "}");
+                      ", \"num_attention_heads\": " + i64(c.model.heads) +
+                      ", \"intermediate_size\": " + i64(c.model.intermediate) +
+                      ", \"vocab_size\": " + (c.model.vocab_size > 0 ? i64(c.model.vocab_size) : std::string("null")) +
+                      ", \"max_position_embeddings\": " + i64(c.model.max_position) + ", \"type_vocab_size\": " +
+                      i64(c.model.type_vocab_size) + ", \"hidden_dropout_prob\": " + num(c.model.dropout) + "}");
   kv.emplace_back("bertsweep", provenance_json(t, study_name, c));
 
   std::string out = "{\n";
@@ -411,18 +411,19 @@ std::string export_nvidia_config(const TrainConfig& c, const TrialRecord& t, con
   const int64_t interval = mlperf_bert_eval_interval_samples(c.batch.global);
   std::string s;
   s += comment("bertsweep study export --format nvidia-config: study " + study_name + ", trial " +
-               std::to_string(t.number) + " (" + c.optimizer.name + ", global batch " +
-               std::to_string(c.batch.global) + ")");
+               std::to_string(t.number) + " (" + c.optimizer.name + ", global batch " + std::to_string(c.batch.global) +
+               ")");
   s += comment("Source it before NVIDIA's MLPerf BERT run_and_time.sh, as its config_<SYSTEM>.sh is sourced.");
-  s += comment("BATCHSIZE is the per-GPU batch of one optimizer step (global / (DGXNNODES * DGXNGPU)); "
-               "run_pretraining.py splits it into GRADIENT_STEPS micro-batches.");
+  s += comment(
+      "BATCHSIZE is the per-GPU batch of one optimizer step (global / (DGXNNODES * DGXNGPU)); "
+      "run_pretraining.py splits it into GRADIENT_STEPS micro-batches.");
   if (c.optimizer.name != "lamb" && c.optimizer.name != "nvlamb")
     s += comment("note: the trial used " + c.optimizer.name +
                  "; NVIDIA's trainer runs LAMB, so OPT_LAMB_BETA_* carry this trial's betas");
   if (grad_steps != gradient_accumulation_steps(c, layout))
     s += comment("note: GRADIENT_STEPS " + std::to_string(grad_steps) + " (not ceil(" + std::to_string(device_batch) +
-                 " / " + std::to_string(c.batch.micro) + ") = " +
-                 std::to_string(gradient_accumulation_steps(c, layout)) +
+                 " / " + std::to_string(c.batch.micro) +
+                 ") = " + std::to_string(gradient_accumulation_steps(c, layout)) +
                  "): NVIDIA's trainer needs it to divide BATCHSIZE");
   if (c.schedule.name != "poly" || c.schedule.power != 1.0 || c.schedule.end_lr != 0.0)
     s += comment("note: NVIDIA's trainer decays linearly (poly power 1) to 0; the trial used " + c.schedule.name +

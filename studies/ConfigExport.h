@@ -8,16 +8,12 @@
 #include <utility>
 #include <vector>
 
+#include "common/Errors.h"
 #include "studies/StudyStore.h"
 
 namespace bs {
 
 struct TrainConfig;
-
-// A problem with a study (unknown study, no complete trial, a filter that matches nothing): exit code kStudy.
-struct StudyError : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
 
 // studies/NAME/study.db; throws StudyError naming the path (and the studies found in `dir`) when absent,
 // and for a NAME that `study run` would refuse ([A-Za-z0-9_.-]+, not "." or "..").

@@ -1,15 +1,18 @@
-#include "analysis/ConfirmStore.h"
+#include "studies/ConfirmStore.h"
+
+#include "studies/SqlValues.h"
 #include "studies/StudyStore.h"
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
-#include <algorithm>
-#include <map>
 #include <stdexcept>
 
-namespace bs::analysis {
+namespace bs {
 
 namespace {
+using sql::bind_opt;
+using sql::opt;
+
 const char* kSchema = R"SQL(
 CREATE TABLE IF NOT EXISTS bs_confirm (
   session INTEGER NOT NULL,
@@ -42,22 +45,15 @@ void migrate_add_batch(SQLite::Database& db) {
   SQLite::Transaction tx(db);
   db.exec("ALTER TABLE bs_confirm RENAME TO bs_confirm_v1");
   db.exec(kSchema);
-  db.exec("INSERT INTO bs_confirm(session, optimizer, source_trial, seed, exit_code, reached, samples_to_target, "
-          "seconds_to_target, final_mlm_accuracy, config_yaml, log_path, batch) SELECT session, optimizer, "
-          "source_trial, seed, exit_code, reached, samples_to_target, seconds_to_target, final_mlm_accuracy, "
-          "config_yaml, log_path, 0 FROM bs_confirm_v1");
+  db.exec(
+      "INSERT INTO bs_confirm(session, optimizer, source_trial, seed, exit_code, reached, samples_to_target, "
+      "seconds_to_target, final_mlm_accuracy, config_yaml, log_path, batch) SELECT session, optimizer, "
+      "source_trial, seed, exit_code, reached, samples_to_target, seconds_to_target, final_mlm_accuracy, "
+      "config_yaml, log_path, 0 FROM bs_confirm_v1");
   db.exec("DROP TABLE bs_confirm_v1");
   tx.commit();
 }
 
-std::optional<double> opt(const SQLite::Column& c) {
-  if (c.isNull()) return std::nullopt;
-  return c.getDouble();
-}
-void bind_opt(SQLite::Statement& s, int i, const std::optional<double>& v) {
-  if (v) s.bind(i, *v);
-  else s.bind(i);
-}
 }  // namespace
 
 ConfirmStore::ConfirmStore(const std::string& db_path, bool writable) {
@@ -133,35 +129,4 @@ std::vector<ConfirmRun> ConfirmStore::runs() const {
   return out;
 }
 
-std::vector<ConfirmSummary> summarize_confirm(const std::vector<ConfirmRun>& runs) {
-  using Key = std::pair<std::string, int64_t>;
-  std::map<Key, int64_t> latest;
-  for (const auto& r : runs) {
-    auto& l = latest[{r.optimizer, r.batch}];
-    l = std::max(l, r.session);
-  }
-  std::map<Key, ConfirmSummary> groups;
-  std::map<Key, std::vector<double>> samples;
-  for (const auto& r : runs) {
-    const Key key{r.optimizer, r.batch};
-    if (r.session != latest[key]) continue;
-    ConfirmSummary& s = groups[key];
-    s.optimizer = r.optimizer;
-    s.batch = r.batch;
-    s.source_trial = r.source_trial;
-    s.session = r.session;
-    ++s.runs;
-    if (r.reached && r.samples_to_target) {
-      ++s.reached;
-      samples[key].push_back(*r.samples_to_target);
-    }
-  }
-  std::vector<ConfirmSummary> out;
-  for (auto& [key, s] : groups) {
-    s.samples = stats_of(samples[key], true);
-    out.push_back(s);
-  }
-  return out;
-}
-
-}  // namespace bs::analysis
+}  // namespace bs

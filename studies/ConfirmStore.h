@@ -1,5 +1,5 @@
 // `study confirm` results: table bs_confirm in the study's SQLite file, written only by `study confirm`.
-// Each invocation is a session; summaries use the latest session of each (optimizer, batch size).
+// Each invocation is a session; analysis/ConfirmSummary.h summarises the latest session of each (optimizer, batch).
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -7,23 +7,23 @@
 #include <string>
 #include <vector>
 
-#include "analysis/StudyTables.h"
+namespace SQLite {
+class Database;
+}
 
-namespace SQLite { class Database; }
-
-namespace bs::analysis {
+namespace bs {
 
 struct ConfirmRun {
   int64_t session = 0;
   std::string optimizer;
-  int64_t source_trial = -1;       // the study trial whose config was re-run
+  int64_t source_trial = -1;  // the study trial whose config was re-run
   int64_t seed = 0;
-  int exit_code = -1;              // of `bertsweep train`; 128+N when killed by signal N
+  int exit_code = -1;  // of `bertsweep train`; 128+N when killed by signal N
   bool reached = false;
   std::optional<double> samples_to_target, seconds_to_target, final_mlm_accuracy;
-  std::string config_yaml;         // exactly what was trained (the trial's config with the seed)
-  std::string log_path;            // the run's stdout/stderr
-  int64_t batch = 0;               // global batch of the run (0: recorded before batches were stored)
+  std::string config_yaml;  // exactly what was trained (the trial's config with the seed)
+  std::string log_path;     // the run's stdout/stderr
+  int64_t batch = 0;        // global batch of the run (0: recorded before batches were stored)
 };
 
 class ConfirmStore {
@@ -42,15 +42,4 @@ class ConfirmStore {
   bool has_batch_ = false;  // files written before the batch column read as batch 0
 };
 
-// Mean +- std of samples to target per (optimizer, batch) over the runs that reached the target, from the
-// latest session that ran that pair.
-struct ConfirmSummary {
-  std::string optimizer;
-  int64_t batch = 0;
-  int64_t source_trial = -1, session = 0;
-  int runs = 0, reached = 0;
-  Stats samples;
-};
-std::vector<ConfirmSummary> summarize_confirm(const std::vector<ConfirmRun>& runs);
-
-}  // namespace bs::analysis
+}  // namespace bs

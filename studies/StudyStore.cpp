@@ -1,5 +1,7 @@
 #include "studies/StudyStore.h"
 
+#include "studies/SqlValues.h"
+
 #include <SQLiteCpp/SQLiteCpp.h>
 #include <SQLiteCpp/VariadicBind.h>
 
@@ -12,6 +14,8 @@
 namespace bs {
 
 namespace {
+using sql::bind_opt;
+using sql::opt;
 
 const char* kSchema = R"SQL(
 CREATE TABLE IF NOT EXISTS bs_study (
@@ -75,15 +79,6 @@ CREATE TABLE IF NOT EXISTS bs_rank_load (
 );
 )SQL";
 
-void bind_opt(SQLite::Statement& s, int i, const std::optional<double>& v) {
-  if (v) s.bind(i, *v);
-  else s.bind(i);
-}
-std::optional<double> opt(const SQLite::Column& c) {
-  if (c.isNull()) return std::nullopt;
-  return c.getDouble();
-}
-
 std::string values_to_text(const std::vector<double>& v) {
   std::ostringstream os;
   os.precision(17);
@@ -135,7 +130,8 @@ StudyStore::StudyStore(const std::string& db_path, Mode mode) : path_(db_path), 
     if (!std::filesystem::is_regular_file(db_path, ec))
       throw std::runtime_error(db_path + ": no study database here (check the study name and --dir)");
     if (std::filesystem::file_size(db_path, ec) == 0)
-      throw std::runtime_error(db_path + ": the study database is empty (0 bytes), not a bertsweep study; "
+      throw std::runtime_error(db_path +
+                               ": the study database is empty (0 bytes), not a bertsweep study; "
                                "restore it from a backup or start a new study with `bertsweep study run`");
     // Opened immutable while no WAL exists; a controller that starts meanwhile makes the WAL appear, and then
     // a plain read-only connection (which follows the writer's WAL) is tried once more.
@@ -144,7 +140,8 @@ StudyStore::StudyStore(const std::string& db_path, Mode mode) : path_(db_path), 
       try {
         db_ = open_read_only(db_path);
         if (!has_table("bs_study") || !has_table("bs_trials"))
-          throw std::runtime_error(db_path + ": a SQLite file without bertsweep's bs_study/bs_trials tables, "
+          throw std::runtime_error(db_path +
+                                   ": a SQLite file without bertsweep's bs_study/bs_trials tables, "
                                    "not a bertsweep study");
         break;
       } catch (const SQLite::Exception& e) {
@@ -264,7 +261,8 @@ void StudyStore::insert_trial(const TrialRecord& t) {
   s.bind(5, t.start_time);
   s.bind(6, t.end_time);
   if (t.exit_code >= 0) s.bind(7, t.exit_code);
-  else s.bind(7);
+  else
+    s.bind(7);
   s.bind(8, t.reason);
   s.bind(9, t.config_yaml);
   s.bind(10, t.params_json);
@@ -274,7 +272,8 @@ void StudyStore::insert_trial(const TrialRecord& t) {
   bind_opt(s, 14, t.seconds_to_target);
   bind_opt(s, 15, t.final_mlm_accuracy);
   if (!t.values.empty()) s.bind(16, t.values[0]);
-  else s.bind(16);
+  else
+    s.bind(16);
   s.bind(17, values_to_text(t.values));
   s.bind(18, t.attempt);
   s.bind(19, t.retry_of);
@@ -305,8 +304,7 @@ std::vector<TrialRecord> StudyStore::trials() const {
 }
 
 std::vector<TrialRecord> StudyStore::trials_in_state(const std::string& state) const {
-  SQLite::Statement q(*db_,
-                      std::string("SELECT ") + kTrialColumns + " FROM bs_trials WHERE state = ? ORDER BY number");
+  SQLite::Statement q(*db_, std::string("SELECT ") + kTrialColumns + " FROM bs_trials WHERE state = ? ORDER BY number");
   q.bind(1, state);
   std::vector<TrialRecord> out;
   while (q.executeStep()) out.push_back(read_trial(q));
@@ -324,8 +322,8 @@ void StudyStore::add_throughput(const ThroughputPoint& p) {
   SQLite::Statement s(*db_,
                       "INSERT INTO bs_throughput(trial, step, samples, samples_per_s, tokens_per_s, padding_waste, "
                       "imbalance, overlap, step_seconds) VALUES (?,?,?,?,?,?,?,?,?)");
-  SQLite::bind(s, p.trial, p.step, p.samples, p.samples_per_s, p.tokens_per_s, p.padding_waste, p.imbalance,
-               p.overlap, p.step_seconds);
+  SQLite::bind(s, p.trial, p.step, p.samples, p.samples_per_s, p.tokens_per_s, p.padding_waste, p.imbalance, p.overlap,
+               p.step_seconds);
   s.exec();
 }
 

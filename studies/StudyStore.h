@@ -11,7 +11,9 @@
 #include <utility>
 #include <vector>
 
-namespace SQLite { class Database; }
+namespace SQLite {
+class Database;
+}
 
 namespace bs {
 
@@ -25,23 +27,23 @@ constexpr const char* kFail = "FAIL";
 
 // One row of bs_trials: one run of one Optuna trial.
 struct TrialRecord {
-  int64_t number = -1;             // Optuna's trial number (unique within the study)
+  int64_t number = -1;  // Optuna's trial number (unique within the study)
   std::string state = trial_state::kRunning;
-  int64_t pid = 0;                 // the launched process (process group leader)
+  int64_t pid = 0;  // the launched process (process group leader)
   std::string host;
-  double start_time = 0;           // unix seconds
-  double end_time = 0;             // 0 while running
-  int exit_code = -1;              // -1: unknown / still running; 128+N: killed by signal N
-  std::string reason;              // why it failed or was pruned; empty when complete
-  std::string config_yaml;         // the resolved training config (what `study export` writes back)
-  std::string params_json;         // the sampled parameters, {"key.path": value, ...}
-  std::string trial_dir;           // studies/NAME/trials/NNNN
-  bool reached = false;            // target accuracy reached within the budget
+  double start_time = 0;    // unix seconds
+  double end_time = 0;      // 0 while running
+  int exit_code = -1;       // -1: unknown / still running; 128+N: killed by signal N
+  std::string reason;       // why it failed or was pruned; empty when complete
+  std::string config_yaml;  // the resolved training config (what `study export` writes back)
+  std::string params_json;  // the sampled parameters, {"key.path": value, ...}
+  std::string trial_dir;    // studies/NAME/trials/NNNN
+  bool reached = false;     // target accuracy reached within the budget
   std::optional<double> samples_to_target, seconds_to_target, final_mlm_accuracy;
-  std::vector<double> values;      // objective value(s) told to Optuna (empty unless COMPLETE)
-  int attempt = 1;                 // 1 + how many times these params were retried
-  int64_t retry_of = -1;           // the trial this one retries, or -1
-  bool retried = false;            // a retry of this failed trial was queued (its budget slot passed on)
+  std::vector<double> values;  // objective value(s) told to Optuna (empty unless COMPLETE)
+  int attempt = 1;             // 1 + how many times these params were retried
+  int64_t retry_of = -1;       // the trial this one retries, or -1
+  bool retried = false;        // a retry of this failed trial was queued (its budget slot passed on)
 };
 
 struct EvalPoint {
@@ -56,7 +58,7 @@ struct ThroughputPoint {
 
 struct RankLoadPoint {
   int64_t trial = -1, step = 0;
-  std::string json;                // the event line as written by the trainer (per-rank arrays)
+  std::string json;  // the event line as written by the trainer (per-rank arrays)
 };
 
 class StudyStore {
@@ -92,18 +94,18 @@ class StudyStore {
   std::map<std::string, std::string> environment(int64_t session = -1) const;  // -1: the latest
 
   // bs_trials
-  void insert_trial(const TrialRecord& t);   // replaces a row with the same number
-  void update_trial(const TrialRecord& t);   // same as insert: the whole row is written
+  void insert_trial(const TrialRecord& t);  // replaces a row with the same number
+  void update_trial(const TrialRecord& t);  // same as insert: the whole row is written
   void mark_retried(int64_t number);
   std::optional<TrialRecord> trial(int64_t number) const;
-  std::vector<TrialRecord> trials() const;   // by number
+  std::vector<TrialRecord> trials() const;  // by number
   std::vector<TrialRecord> trials_in_state(const std::string& state) const;
 
   // Curves
   void add_eval(const EvalPoint& e);
   void add_throughput(const ThroughputPoint& p);
   void add_rank_load(const RankLoadPoint& p);
-  std::vector<EvalPoint> evals(int64_t trial = -1) const;            // -1: every trial
+  std::vector<EvalPoint> evals(int64_t trial = -1) const;  // -1: every trial
   std::vector<ThroughputPoint> throughput(int64_t trial = -1) const;
   std::vector<RankLoadPoint> rank_load(int64_t trial = -1) const;
 

@@ -120,6 +120,13 @@ std::string brown_dataset() {
   return prepared("brown-full", {"--corpus", "brown", "--vocab-size", "8192", "--seq-len", "128"});
 }
 
+std::vector<std::string> tiny_prepare_args(const std::string& out, const std::string& seed) {
+  // clang-format off
+  return {bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "1500", "--seq-len", "64",
+          "--max-docs", "25", "--dupe-factor", "2", "--eval-every", "5", "--seed", seed, "--quiet", "--out", out};
+  // clang-format on
+}
+
 std::string small_brown_dataset() {
   return prepared("brown-small", {"--corpus", "brown", "--vocab-size", "4000", "--seq-len", "128", "--max-docs", "200",
                                   "--seed", "7"});

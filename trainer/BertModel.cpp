@@ -34,16 +34,14 @@ torch::nn::LayerNorm make_layer_norm(int64_t dim) {
   return torch::nn::LayerNorm(torch::nn::LayerNormOptions({dim}).eps(kLayerNormEps).elementwise_affine(true));
 }
 
-bool reduced(const torch::Tensor& x) {
-  return x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf;
-}
+bool reduced(const torch::Tensor& x) { return x.scalar_type() == torch::kBFloat16 || x.scalar_type() == torch::kHalf; }
 
 // LayerNorm whose statistics are computed in fp32 for bf16/fp16 activations (as production mixed precision
 // does: a bf16 variance loses the small differences post-LN BERT depends on).
 torch::Tensor layer_norm(torch::nn::LayerNorm& ln, const torch::Tensor& x) {
   if (!reduced(x)) return ln->forward(x);
-  return torch::layer_norm(x.to(torch::kFloat), {x.size(-1)}, ln->weight.to(torch::kFloat),
-                           ln->bias.to(torch::kFloat), kLayerNormEps)
+  return torch::layer_norm(x.to(torch::kFloat), {x.size(-1)}, ln->weight.to(torch::kFloat), ln->bias.to(torch::kFloat),
+                           kLayerNormEps)
       .to(x.scalar_type());
 }
 
@@ -71,7 +69,7 @@ void check_inputs(const BertInputs& in) {
   auto need = [](const torch::Tensor& t, const char* name, int64_t dim) {
     if (!t.defined() || t.dim() != dim)
       throw std::invalid_argument(std::string("BertForPretraining: BertInputs.") + name + " must be a " +
-                                  std::to_string(dim) + "-d int64 tensor (see trainer/Batch.h)");
+                                  std::to_string(dim) + "-d int64 tensor (see dataset/Batch.h)");
   };
   need(in.input_ids, "input_ids", 2);
   need(in.segment_ids, "segment_ids", 2);
@@ -106,8 +104,7 @@ torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& o
 BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
   word_embeddings = register_module("word_embeddings", make_embedding(cfg.vocab_size, cfg.hidden));
   position_embeddings = register_module("position_embeddings", make_embedding(cfg.max_position, cfg.hidden));
-  token_type_embeddings =
-      register_module("token_type_embeddings", make_embedding(cfg.type_vocab_size, cfg.hidden));
+  token_type_embeddings = register_module("token_type_embeddings", make_embedding(cfg.type_vocab_size, cfg.hidden));
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
 }
 
@@ -149,7 +146,7 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
       probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
     } else {
       probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
-  }
+    }
     context = torch::matmul(apply_dropout(probs, attn_p, true), v);  // [B,h,L,d]
   }
   auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
@@ -176,8 +173,7 @@ BertLayerImpl::BertLayerImpl(const ModelConfig& cfg) {
   ffn = register_module("ffn", BertFeedForward(cfg));
 }
 
-torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows,
-                                     int64_t row_len) {
+torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows, int64_t row_len) {
   return ffn->forward(attention->forward(x, bias, rows, row_len));
 }
 

@@ -10,7 +10,7 @@
 #include <cstdint>
 
 #include "common/TrainConfig.h"
-#include "trainer/Batch.h"
+#include "dataset/Batch.h"
 
 namespace bs {
 

@@ -9,8 +9,8 @@
 #include <sstream>
 #include <vector>
 
-#include "trainer/Communicator.h"
-#include "trainer/ShardIO.h"
+#include "distributed/Communicator.h"
+#include "dataset/ShardIO.h"
 
 namespace bs {
 namespace fs = std::filesystem;
@@ -95,12 +95,14 @@ void verify(const fs::path& dir, const std::map<std::string, ManifestEntry>& man
                     ": the checkpoint set is incomplete (written by another number of ranks?)");
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
-    throw DataError(path.string() + " is missing from the checkpoint set (listed in " + (dir / kManifest).string() + ")");
+    throw DataError(path.string() + " is missing from the checkpoint set (listed in " + (dir / kManifest).string() +
+                    ")");
   const uint64_t bytes = fs::file_size(path, ec);
   if (bytes != it->second.bytes || file_checksum(path.string()) != it->second.hash)
-    throw DataError(path.string() + " does not match its checksum in " + (dir / kManifest).string() + " (" +
-                    std::to_string(bytes) + " bytes, expected " + std::to_string(it->second.bytes) +
-                    "): the checkpoint is damaged or incomplete; resume from a good copy or start a fresh checkpoint.dir");
+    throw DataError(
+        path.string() + " does not match its checksum in " + (dir / kManifest).string() + " (" + std::to_string(bytes) +
+        " bytes, expected " + std::to_string(it->second.bytes) +
+        "): the checkpoint is damaged or incomplete; resume from a good copy or start a fresh checkpoint.dir");
 }
 }  // namespace
 
@@ -135,8 +137,8 @@ void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertFo
   }
   // Each rank hashes its own RNG file (ranks may not share a filesystem view); rank 0 lists them all.
   const uint64_t own_hash = file_checksum(own.string());
-  const auto hashes = comm.allgather({double(own_hash >> 32), double(own_hash & 0xffffffffULL),
-                                      double(fs::file_size(own))});
+  const auto hashes =
+      comm.allgather({double(own_hash >> 32), double(own_hash & 0xffffffffULL), double(fs::file_size(own))});
   std::string failure;
   if (rank == 0) {
     try {
@@ -176,7 +178,8 @@ void save_checkpoint(const std::string& dir, int64_t rank, int64_t world, BertFo
   }
   // Every rank learns whether the set was published (a failing rank 0 must not leave the others waiting).
   const auto ok = comm.allgather({failure.empty() ? 1.0 : 0.0});
-  if (ok[0] == 0) throw DataError("checkpoint in " + dir + " not written: " + (failure.empty() ? "rank 0 failed" : failure));
+  if (ok[0] == 0)
+    throw DataError("checkpoint in " + dir + " not written: " + (failure.empty() ? "rank 0 failed" : failure));
   // The previous sets are garbage now: each rank removes its own files, rank 0 the model files.
   std::error_code ec;
   const std::string keep_model = model_name(state.step), keep_rng = rng_name(state.step, rank);
@@ -217,7 +220,8 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
   ar.read("signature", sig_t);
   std::string sig(static_cast<const char*>(sig_t.data_ptr()), sig_t.numel());
   if (sig != model_signature(model))
-    throw DataError(path.string() + ": checkpoint is from a different model (parameter names or shapes differ); "
+    throw DataError(path.string() +
+                    ": checkpoint is from a different model (parameter names or shapes differ); "
                     "use the model config it was trained with, or a fresh checkpoint.dir");
   torch::NoGradGuard no_grad;
   for (const auto& kv : model->named_parameters()) {
@@ -233,15 +237,17 @@ bool load_checkpoint(const std::string& dir, int64_t rank, BertForPretraining& m
   torch::serialize::InputArchive opt;
   ar.read("optimizer", opt);
   optimizer.load(opt);
-  torch::Tensor t;
-  ar.read("step", t);
-  state.step = t.item<int64_t>();
-  ar.read("samples", t);
-  state.samples = t.item<int64_t>();
-  ar.read("seconds", t);
-  state.seconds = t.item<double>();
-  ar.read("last_accuracy", t);
-  state.last_accuracy = t.item<double>();
+  // A fresh tensor per key: InputArchive::read into a defined tensor set_()s its storage, so a double read
+  // into the int64 tensor of the key before came back as the int64 reinterpretation of its bits.
+  auto scalar = [&](const char* key) {
+    torch::Tensor t;
+    ar.read(key, t);
+    return t;
+  };
+  state.step = scalar("step").item<int64_t>();
+  state.samples = scalar("samples").item<int64_t>();
+  state.seconds = scalar("seconds").item<double>();
+  state.last_accuracy = scalar("last_accuracy").item<double>();
   const fs::path rng_path = fs::path(dir) / rng_file;
   try {
     torch::serialize::InputArchive rng;

@@ -16,7 +16,7 @@ class Communicator;
 struct TrainState {
   int64_t step = 0;
   int64_t samples = 0;
-  double seconds = 0;         // training wall time so far
+  double seconds = 0;  // training wall time so far
   double last_accuracy = 0;
 };
 

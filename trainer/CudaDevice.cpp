@@ -25,8 +25,8 @@ GpuInfo cuda_device_info(int index) {
   cudaDeviceProp p{};
   const cudaError_t e = cudaGetDeviceProperties(&p, index);
   if (e != cudaSuccess)
-    throw std::runtime_error("cuda:" + std::to_string(index) + ": cudaGetDeviceProperties failed: " +
-                             cudaGetErrorString(e));
+    throw std::runtime_error("cuda:" + std::to_string(index) +
+                             ": cudaGetDeviceProperties failed: " + cudaGetErrorString(e));
   GpuInfo g;
   g.index = index;
   g.name = p.name;

@@ -10,11 +10,11 @@ namespace bs {
 
 struct GpuInfo {
   int index = 0;
-  std::string name;            // e.g. "NVIDIA H200"
-  int major = 0, minor = 0;    // compute capability
+  std::string name;          // e.g. "NVIDIA H200"
+  int major = 0, minor = 0;  // compute capability
   int64_t memory_bytes = 0;
   bool native_bf16() const { return major >= 8; }  // Ampere and later
-  std::string describe() const;  // "NVIDIA H200 (sm_90, 139.8 GiB)"
+  std::string describe() const;                    // "NVIDIA H200 (sm_90, 139.8 GiB)"
 };
 
 // GPUs visible to this process (0 without a CUDA build, driver or device).

@@ -85,9 +85,9 @@ std::string MlLog::source_file(const char* path) {
 void MlLog::log(const std::string& key, const std::string& value_json, const std::string& event_type,
                 JsonWriter metadata, const char* file, int line) {
   if (!out_) return;
-  int64_t ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                   std::chrono::system_clock::now().time_since_epoch())
-                   .count();
+  int64_t ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::system_clock::now().time_since_epoch())
+          .count();
   ms = std::max(ms, last_ms_);  // a clock step back must not reorder the log
   last_ms_ = ms;
   // file and lineno first, then the key's own metadata.

@@ -12,7 +12,7 @@
 #include <regex>
 #include <sstream>
 
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 namespace bs {
 namespace fs = std::filesystem;
@@ -64,10 +64,13 @@ std::string map_hf_name(std::string n, int& part) {
   for (const char* prefix : {"module.", "model."})
     if (n.rfind(prefix, 0) == 0) n = n.substr(std::string(prefix).size());
   // Old TF-converted names: LayerNorm gamma/beta.
-  auto ends = [&](const std::string& s) { return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0; };
+  auto ends = [&](const std::string& s) {
+    return n.size() >= s.size() && n.compare(n.size() - s.size(), s.size(), s) == 0;
+  };
   if (n.find("LayerNorm") != std::string::npos) {
     if (ends(".gamma")) n = n.substr(0, n.size() - 6) + ".weight";
-    else if (ends(".beta")) n = n.substr(0, n.size() - 5) + ".bias";
+    else if (ends(".beta"))
+      n = n.substr(0, n.size() - 5) + ".bias";
   }
   static const std::regex layer(R"(^bert\.encoder\.layer\.(\d+)\.(.+)$)");
   std::smatch m;
@@ -81,10 +84,8 @@ std::string map_hf_name(std::string n, int& part) {
       return base + "attention.qkv." + std::string(q[2]);
     }
     static const std::vector<std::pair<std::string, std::string>> inner = {
-        {"attention.output.dense.", "attention.output."},
-        {"attention.output.LayerNorm.", "attention.LayerNorm."},
-        {"intermediate.dense.", "ffn.intermediate."},
-        {"output.dense.", "ffn.output."},
+        {"attention.output.dense.", "attention.output."}, {"attention.output.LayerNorm.", "attention.LayerNorm."},
+        {"intermediate.dense.", "ffn.intermediate."},     {"output.dense.", "ffn.output."},
         {"output.LayerNorm.", "ffn.LayerNorm."},
     };
     for (const auto& [from, to] : inner)
@@ -108,7 +109,6 @@ std::string map_hf_name(std::string n, int& part) {
   if (n == "cls.predictions.bias") return "mlm.decoder_bias";
   return "";
 }
-
 
 // ---------------------------------------------------------------------------------------------------------
 // A reader for Python's torch.save zip files: LibTorch 1.13's torch::pickle_load turns the OrderedDict that
@@ -136,11 +136,11 @@ PyPtr make(PyValue::Kind k) {
 
 torch::ScalarType storage_dtype(const std::string& global) {
   static const std::map<std::string, torch::ScalarType> m = {
-      {"torch.FloatStorage", torch::kFloat},   {"torch.DoubleStorage", torch::kDouble},
-      {"torch.HalfStorage", torch::kHalf},     {"torch.BFloat16Storage", torch::kBFloat16},
-      {"torch.LongStorage", torch::kLong},     {"torch.IntStorage", torch::kInt},
-      {"torch.ShortStorage", torch::kShort},   {"torch.CharStorage", torch::kChar},
-      {"torch.ByteStorage", torch::kByte},     {"torch.BoolStorage", torch::kBool},
+      {"torch.FloatStorage", torch::kFloat}, {"torch.DoubleStorage", torch::kDouble},
+      {"torch.HalfStorage", torch::kHalf},   {"torch.BFloat16Storage", torch::kBFloat16},
+      {"torch.LongStorage", torch::kLong},   {"torch.IntStorage", torch::kInt},
+      {"torch.ShortStorage", torch::kShort}, {"torch.CharStorage", torch::kChar},
+      {"torch.ByteStorage", torch::kByte},   {"torch.BoolStorage", torch::kBool},
   };
   auto it = m.find(global);
   if (it == m.end()) throw std::runtime_error("unsupported storage type " + global);
@@ -159,10 +159,10 @@ class TorchZipUnpickler {
     for (;;) {
       const uint8_t op = byte();
       switch (op) {
-        case 0x80: byte(); break;  // PROTO
+        case 0x80: byte(); break;    // PROTO
         case 0x95: bytes(8); break;  // FRAME
-        case '.': return pop();    // STOP
-        case 'c': {                // GLOBAL module\nname\n
+        case '.': return pop();      // STOP
+        case 'c': {                  // GLOBAL module\nname\n
           std::string mod = line(), name = line();
           auto g = make(PyValue::kGlobal);
           g->s = mod + "." + name;
@@ -176,17 +176,18 @@ class TorchZipUnpickler {
           push(g);
           break;
         }
-        case 'q': memo_[byte()] = top(); break;               // BINPUT
-        case 'r': memo_[static_cast<int64_t>(u32())] = top(); break;  // LONG_BINPUT
+        case 'q': memo_[byte()] = top(); break;                               // BINPUT
+        case 'r': memo_[static_cast<int64_t>(u32())] = top(); break;          // LONG_BINPUT
         case 0x94: memo_[static_cast<int64_t>(memo_.size())] = top(); break;  // MEMOIZE
-        case 'h': push(memo_.at(byte())); break;              // BINGET
-        case 'j': push(memo_.at(static_cast<int64_t>(u32()))); break;  // LONG_BINGET
-        case '(': push(make(PyValue::kMark)); break;          // MARK
-        case ')': push(make(PyValue::kTuple)); break;         // EMPTY_TUPLE
-        case ']': push(make(PyValue::kList)); break;          // EMPTY_LIST
-        case '}': push(make(PyValue::kDict)); break;          // EMPTY_DICT
+        case 'h': push(memo_.at(byte())); break;                              // BINGET
+        case 'j': push(memo_.at(static_cast<int64_t>(u32()))); break;         // LONG_BINGET
+        case '(': push(make(PyValue::kMark)); break;                          // MARK
+        case ')': push(make(PyValue::kTuple)); break;                         // EMPTY_TUPLE
+        case ']': push(make(PyValue::kList)); break;                          // EMPTY_LIST
+        case '}': push(make(PyValue::kDict)); break;                          // EMPTY_DICT
         case 'N': push(make(PyValue::kNone)); break;
-        case 0x88: case 0x89: {  // NEWTRUE / NEWFALSE
+        case 0x88:
+        case 0x89: {  // NEWTRUE / NEWFALSE
           auto b = make(PyValue::kBool);
           b->i = op == 0x88;
           push(b);
@@ -195,7 +196,7 @@ class TorchZipUnpickler {
         case 'J': push_int(static_cast<int32_t>(u32())); break;  // BININT
         case 'K': push_int(byte()); break;                       // BININT1
         case 'M': push_int(u16()); break;                        // BININT2
-        case 0x8a: {  // LONG1: little-endian two's complement
+        case 0x8a: {                                             // LONG1: little-endian two's complement
           const int n = byte();
           int64_t v = 0;
           for (int k = 0; k < n; ++k) v |= static_cast<int64_t>(byte()) << (8 * k);
@@ -211,18 +212,20 @@ class TorchZipUnpickler {
           push(v);
           break;
         }
-        case 'X': push_str(u32()); break;      // BINUNICODE
-        case 0x8c: push_str(byte()); break;    // SHORT_BINUNICODE
-        case 'U': push_str(byte()); break;     // SHORT_BINSTRING
-        case 'T': push_str(u32()); break;      // BINSTRING
-        case 't': {  // TUPLE
+        case 'X': push_str(u32()); break;    // BINUNICODE
+        case 0x8c: push_str(byte()); break;  // SHORT_BINUNICODE
+        case 'U': push_str(byte()); break;   // SHORT_BINSTRING
+        case 'T': push_str(u32()); break;    // BINSTRING
+        case 't': {                          // TUPLE
           auto items = pop_mark();
           auto t = make(PyValue::kTuple);
           t->items = std::move(items);
           push(t);
           break;
         }
-        case 0x85: case 0x86: case 0x87: {  // TUPLE1..3
+        case 0x85:
+        case 0x86:
+        case 0x87: {  // TUPLE1..3
           const int n = op - 0x84;
           auto t = make(PyValue::kTuple);
           t->items.resize(n);
@@ -412,7 +415,8 @@ bool read_state_dict(const std::string& path, std::map<std::string, torch::Tenso
     const std::string name = map_hf_name(key->s, part);
     if (name.empty()) continue;
     if (part >= 0) parts[part][name] = val->tensor;
-    else out[name] = val->tensor;
+    else
+      out[name] = val->tensor;
   }
   // q, k, v -> [q; k; v] along the output dimension (the layout of BertAttention's qkv projection). A layer
   // with only some of the three leaves qkv absent: reported as missing below.
@@ -420,8 +424,8 @@ bool read_state_dict(const std::string& path, std::map<std::string, torch::Tenso
     auto k = parts[1].find(name), val = parts[2].find(name);
     if (k == parts[1].end() || val == parts[2].end()) continue;
     if (q.sizes() != k->second.sizes() || q.sizes() != val->second.sizes()) {
-      why = name + ": query, key and value have different shapes (" + shape_of(q) + ", " + shape_of(k->second) +
-            ", " + shape_of(val->second) + ")";
+      why = name + ": query, key and value have different shapes (" + shape_of(q) + ", " + shape_of(k->second) + ", " +
+            shape_of(val->second) + ")";
       return false;
     }
     out[name] = torch::cat({q, k->second, val->second}, 0);
@@ -452,8 +456,10 @@ std::string hf_name_of(const std::string& name) {
     return "";
   }
   static const std::vector<std::pair<std::string, std::string>> top = {
-      {"embeddings.", "bert.embeddings."},       {"mlm.transform.", "cls.predictions.transform.dense."},
-      {"mlm.LayerNorm.", "cls.predictions.transform.LayerNorm."}, {"nsp.pooler.", "bert.pooler.dense."},
+      {"embeddings.", "bert.embeddings."},
+      {"mlm.transform.", "cls.predictions.transform.dense."},
+      {"mlm.LayerNorm.", "cls.predictions.transform.LayerNorm."},
+      {"nsp.pooler.", "bert.pooler.dense."},
       {"nsp.classifier.", "cls.seq_relationship."},
   };
   for (const auto& [from, to] : top)
@@ -472,7 +478,8 @@ std::string described(const std::string& name) {
 std::map<std::string, torch::Tensor> read_init_checkpoint(const std::string& path) {
   std::error_code ec;
   if (!fs::is_regular_file(path, ec))
-    throw DataError("model.init_checkpoint: " + path + " is not a file (give a bertsweep checkpoint-<step>.pt or "
+    throw DataError("model.init_checkpoint: " + path +
+                    " is not a file (give a bertsweep checkpoint-<step>.pt or "
                     "a PyTorch state dict written by torch.save)");
   std::map<std::string, torch::Tensor> out;
   if (read_bertsweep(path, out)) return out;
@@ -497,7 +504,8 @@ void load_init_checkpoint(const std::string& path, BertForPretraining& model) {
                       shape_of(kv.value().sizes().vec()) +
                       " (set the model: keys to the checkpoint's shape, e.g. model.vocab_size, model.hidden)");
     if (!it->second.is_floating_point())
-      throw DataError("model.init_checkpoint: " + path + ": parameter '" + kv.key() + "' is not a floating-point tensor");
+      throw DataError("model.init_checkpoint: " + path + ": parameter '" + kv.key() +
+                      "' is not a floating-point tensor");
   }
   torch::NoGradGuard no_grad;
   for (const auto& kv : model->named_parameters()) kv.value().copy_(weights.at(kv.key()));

@@ -3,7 +3,7 @@
 #include <fstream>
 #include <sstream>
 
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 #include "trainer/CudaDevice.h"
 
 namespace bs {
@@ -45,8 +45,9 @@ PrecisionChoice resolve_on_gpu(const TrainConfig& cfg, int gpus) {
   c.device_name = "cuda";
   const std::string where = "cuda:" + std::to_string(index) + " of " + std::to_string(gpus) + ", " + gpu.describe();
   if (cfg.precision == "fp16")
-    throw ConfigError("precision: fp16 (with dynamic loss scaling) is not built yet; use bf16 (compute capability "
-                      ">= 8.0) or fp32");
+    throw ConfigError(
+        "precision: fp16 (with dynamic loss scaling) is not built yet; use bf16 (compute capability "
+        ">= 8.0) or fp32");
   if (cfg.precision == "auto") {
     c.precision = gpu.native_bf16() ? "bf16" : "fp32";
     c.reason = "auto: " + where + (gpu.native_bf16() ? " runs bf16 natively" : " (before sm_80: no native bf16)");
@@ -77,8 +78,9 @@ PrecisionChoice resolve_precision(const TrainConfig& cfg, const CpuInfo& cpu) {
   const std::string isa = cpu.bf16_isa();
   const std::string where = cpu.model + ", bf16 ISA " + isa;
   if (cfg.precision == "fp16")
-    throw ConfigError("precision: fp16 needs device: cuda (fp16 with loss scaling is a GPU mode; on the CPU use "
-                      "bf16 or fp32)");
+    throw ConfigError(
+        "precision: fp16 needs device: cuda (fp16 with loss scaling is a GPU mode; on the CPU use "
+        "bf16 or fp32)");
   if (cfg.precision == "auto") {
     if (isa != "none") {
       c.precision = "bf16";
@@ -89,7 +91,8 @@ PrecisionChoice resolve_precision(const TrainConfig& cfg, const CpuInfo& cpu) {
     }
   } else {
     c.precision = cfg.precision;
-    c.reason = "requested: " + where + (cfg.precision == "bf16" && isa == "none" ? " (bf16 is emulated here: slow)" : "");
+    c.reason =
+        "requested: " + where + (cfg.precision == "bf16" && isa == "none" ? " (bf16 is emulated here: slow)" : "");
   }
   c.compute = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
   return c;

@@ -11,10 +11,10 @@
 namespace bs {
 
 struct CpuInfo {
-  std::string model;        // /proc/cpuinfo "model name"
-  bool amx_bf16 = false;    // AMX tiles with bf16 (Sapphire Rapids and later)
-  bool avx512_bf16 = false; // AVX512-BF16 dot products (Cooper Lake, Zen 4 and later)
-  bool avx512 = false;      // avx512f
+  std::string model;         // /proc/cpuinfo "model name"
+  bool amx_bf16 = false;     // AMX tiles with bf16 (Sapphire Rapids and later)
+  bool avx512_bf16 = false;  // AVX512-BF16 dot products (Cooper Lake, Zen 4 and later)
+  bool avx512 = false;       // avx512f
   // The bf16 instruction set the CPU offers ("amx_bf16", "avx512_bf16" or "none").
   std::string bf16_isa() const;
 };

@@ -8,10 +8,10 @@
 namespace bs {
 
 struct RuntimeInfo {
-  int64_t threads = 1;       // torch intra-op threads (and BLAS threads)
-  std::string blas;          // e.g. "OpenBLAS 0.3.21 (pthread) /usr/lib/.../libblas.so.3"
+  int64_t threads = 1;  // torch intra-op threads (and BLAS threads)
+  std::string blas;     // e.g. "OpenBLAS 0.3.21 (pthread) /usr/lib/.../libblas.so.3"
   bool blas_is_reference = false;
-  int64_t local_ranks = 1;   // ranks of this job on this node (share the cores)
+  int64_t local_ranks = 1;  // ranks of this job on this node (share the cores)
 };
 
 // threads = 0: the cores of this machine divided by the ranks on this node. Sets torch::set_num_threads,

@@ -19,19 +19,19 @@
 #include "common/JsonWriter.h"
 #include "optimizers/LrSchedule.h"
 #include "optimizers/Optimizer.h"
-#include "trainer/Batch.h"
+#include "dataset/Batch.h"
 #include "trainer/BertModel.h"
 #include "trainer/Checkpoint.h"
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 #include "trainer/CudaDevice.h"
 #include "trainer/EventLog.h"
-#include "trainer/GradientBucketer.h"
+#include "distributed/GradientBucketer.h"
 #include "trainer/InitCheckpoint.h"
 #include "trainer/MixedPrecision.h"
 #include "trainer/Precision.h"
 #include "trainer/Runtime.h"
-#include "trainer/Sampler.h"
-#include "trainer/ShardIO.h"
+#include "dataset/Sampler.h"
+#include "dataset/ShardIO.h"
 
 namespace bs {
 namespace fs = std::filesystem;
@@ -54,8 +54,10 @@ std::string fmt_duration(double s) {
   int64_t t = static_cast<int64_t>(s + 0.5);
   std::ostringstream os;
   if (t >= 3600) os << t / 3600 << "h" << (t % 3600) / 60 << "m";
-  else if (t >= 60) os << t / 60 << "m" << t % 60 << "s";
-  else os << t << "s";
+  else if (t >= 60)
+    os << t / 60 << "m" << t % 60 << "s";
+  else
+    os << t << "s";
   return os.str();
 }
 
@@ -93,10 +95,10 @@ class Evaluator {
       auto pred = out.mlm_logits.argmax(-1);
       correct_t.push_back(pred.eq(b.mlm_labels).sum().to(torch::kDouble));
       total += static_cast<double>(b.mlm_labels.numel());
-      loss_t.push_back(torch::nn::functional::cross_entropy(
-                           out.mlm_logits.to(torch::kFloat), b.mlm_labels,
-                           torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
-                           .to(torch::kDouble));
+      loss_t.push_back(
+          torch::nn::functional::cross_entropy(out.mlm_logits.to(torch::kFloat), b.mlm_labels,
+                                               torch::nn::functional::CrossEntropyFuncOptions().reduction(torch::kSum))
+              .to(torch::kDouble));
     }
     model->train();
     double correct = 0, loss_sum = 0;
@@ -136,8 +138,10 @@ void check_model_fits_in_memory(const ModelConfig& m, int64_t bytes_per_param, d
   const double need = params * double(bytes_per_param);
   if (have > 0 && need > 0.8 * have) {
     char buf[320];
-    std::snprintf(buf, sizeof buf, "%.3g parameters need %.1f GiB for weights, gradients and optimizer state alone; "
-                  "%s has %.1f GiB", params, need / 1073741824.0, where.c_str(), have / 1073741824.0);
+    std::snprintf(buf, sizeof buf,
+                  "%.3g parameters need %.1f GiB for weights, gradients and optimizer state alone; "
+                  "%s has %.1f GiB",
+                  params, need / 1073741824.0, where.c_str(), have / 1073741824.0);
     throw ConfigError(std::string("model: ") + buf + " (make model.hidden, model.layers or model.vocab_size smaller)");
   }
 }
@@ -153,7 +157,6 @@ void write_params(const std::string& path, BertForPretraining& model) {
   std::fclose(f);
   fs::rename(tmp, path);
 }
-
 
 int64_t checked_threads(int64_t threads) {
   const int64_t cores = std::max<int64_t>(1, std::thread::hardware_concurrency());
@@ -193,12 +196,11 @@ void check_batch_splits(int64_t global, int64_t world) {
 void check_model_fits(const ModelConfig& model, const PrecisionChoice& precision) {
   const int64_t bytes_per_param = precision.mixed() ? 18 : 16;
   if (precision.device.is_cuda())
-    check_model_fits_in_memory(model, bytes_per_param,
-                               double(cuda_device_info(precision.device.index()).memory_bytes),
+    check_model_fits_in_memory(model, bytes_per_param, double(cuda_device_info(precision.device.index()).memory_bytes),
                                "cuda:" + std::to_string(precision.device.index()));
   else
-    check_model_fits_in_memory(model, bytes_per_param,
-                               double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)), "this machine");
+    check_model_fits_in_memory(model, bytes_per_param, double(sysconf(_SC_PHYS_PAGES)) * double(sysconf(_SC_PAGE_SIZE)),
+                               "this machine");
 }
 
 int64_t samples_of(const std::vector<MicroBatch>& micro) {
@@ -210,17 +212,15 @@ int64_t samples_of(const std::vector<MicroBatch>& micro) {
 // What each rank contributes to the one small exchange per step, so that stop requests, NaN, load and time
 // statistics agree on all ranks. values() is the wire format: six doubles per rank, in this order.
 struct StepExchange {
-  double loss = 0;        // this rank's batch-mean loss
-  double nonfinite = 0;   // 1 when that loss is NaN/inf (NaN/inf in any micro-batch propagates)
-  double stop = 0;        // 1 when SIGTERM/SIGINT arrived on this rank
+  double loss = 0;       // this rank's batch-mean loss
+  double nonfinite = 0;  // 1 when that loss is NaN/inf (NaN/inf in any micro-batch propagates)
+  double stop = 0;       // 1 when SIGTERM/SIGINT arrived on this rank
   double real_tokens = 0;
   double computed_tokens = 0;  // with padding
   double compute_seconds = 0;
 
   static constexpr int64_t kFields = 6;
-  std::vector<double> values() const {
-    return {loss, nonfinite, stop, real_tokens, computed_tokens, compute_seconds};
-  }
+  std::vector<double> values() const { return {loss, nonfinite, stop, real_tokens, computed_tokens, compute_seconds}; }
   static StepExchange of_rank(const std::vector<double>& all, int64_t r) {
     const double* v = &all[static_cast<std::size_t>(r * kFields)];
     return {v[0], v[1], v[2], v[3], v[4], v[5]};
@@ -353,22 +353,15 @@ class TrainingLoop {
   Clock::time_point t_run_;
   double seconds_before_ = 0;  // training time of earlier (resumed) segments
   int64_t next_eval_ = 0, next_ckpt_ = 0;
-  int64_t block_first_ = 0;    // first sample of the open MLLOG block
+  int64_t block_first_ = 0;  // first sample of the open MLLOG block
   ThroughputWindow window_;
   double last_loss_ = NAN;
 };
 
 TrainingLoop::TrainingLoop(const TrainConfig& cfg, const TrainOptions& opt)
-    : cfg_(cfg),
-      opt_(opt),
-      rt_(configure_runtime(checked_threads(cfg.threads))),
-      precision_(resolve_precision(cfg_)),
-      comm_(open_communicator(cfg_.distributed, precision_)),
-      rank_(comm_->rank()),
-      world_(comm_->world()),
-      lead_(rank_ == 0),
-      events_(lead_ ? opt.events : ""),
-      mllog_(lead_ ? cfg_.log.mllog : "") {
+    : cfg_(cfg), opt_(opt), rt_(configure_runtime(checked_threads(cfg.threads))), precision_(resolve_precision(cfg_)),
+      comm_(open_communicator(cfg_.distributed, precision_)), rank_(comm_->rank()), world_(comm_->world()),
+      lead_(rank_ == 0), events_(lead_ ? opt.events : ""), mllog_(lead_ ? cfg_.log.mllog : "") {
   load_data();
   build_model();
   build_sampler();
@@ -709,7 +702,8 @@ void TrainingLoop::start_block() {
   const int64_t end = std::min(next_eval_, cfg_.target.max_samples);
   const int64_t steps = std::max<int64_t>(1, (end - st_.samples + cfg_.batch.global - 1) / cfg_.batch.global);
   JsonWriter md;
-  md.add("first_epoch_num", st_.samples).add("epoch_count", steps * cfg_.batch.global)
+  md.add("first_epoch_num", st_.samples)
+      .add("epoch_count", steps * cfg_.batch.global)
       .add("samples_count", steps * cfg_.batch.global);
   mllog_.start("block_start", md);
 }
@@ -747,7 +741,8 @@ TrainResult TrainingLoop::finish() {
   JsonWriter d;
   d.add("reached", res_.reached).add("samples", res_.samples).add("steps", res_.steps).add("seconds", res_.seconds);
   if (res_.reached) d.add("samples_to_target", res_.samples_to_target).add("seconds_to_target", res_.seconds_to_target);
-  else d.add_null("samples_to_target").add_null("seconds_to_target");
+  else
+    d.add_null("samples_to_target").add_null("seconds_to_target");
   d.add("final_mlm_accuracy", res_.final_mlm_accuracy).add("target", cfg_.target.mlm_accuracy);
   events_.emit("done", d);
   say(res_.reached ? "reached masked-LM accuracy " + std::to_string(res_.final_mlm_accuracy) + " >= target " +

@@ -6,33 +6,25 @@
 #include <stdexcept>
 #include <string>
 
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 
 namespace bs {
 
-// The loss became NaN or inf: the run stops (exit code kNonFinite).
-struct NonFiniteLoss : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-// SIGTERM/SIGINT arrived: the run stopped at a step boundary (exit code kTerminated).
-struct Terminated : std::runtime_error {
-  using std::runtime_error::runtime_error;
-};
-
 struct TrainOptions {
-  std::string events;        // "", "stdout", "fd:N" or a file: trial-protocol JSON lines
-  bool quiet = false;        // no progress lines on stderr
-  bool resume = false;       // continue from the checkpoint set in checkpoint.dir
-  std::string dump_params;   // write final parameters (float32, registration order) here; for tests
+  std::string events;       // "", "stdout", "fd:N" or a file: trial-protocol JSON lines
+  bool quiet = false;       // no progress lines on stderr
+  bool resume = false;      // continue from the checkpoint set in checkpoint.dir
+  std::string dump_params;  // write final parameters (float32, registration order) here; for tests
 };
 
 struct TrainResult {
   bool reached = false;
-  int64_t samples = 0;             // samples trained on
+  int64_t samples = 0;  // samples trained on
   int64_t steps = 0;
   int64_t samples_to_target = -1;  // -1 when not reached
   double seconds_to_target = -1;
-  double seconds = 0;              // training wall time (run_start to stop, summed over resumes)
+  double seconds = 0;  // training wall time (run_start to stop, summed over resumes)
   double final_mlm_accuracy = 0;
 };
 

@@ -36,14 +36,15 @@ inline void fill_random_study(StudyStore& store, int n, unsigned seed) {
   std::mt19937 rng(seed);
   const char* opts[] = {"adamw", "lamb", "lans"};
   const int64_t batches[] = {32, 64, 128};
-  const char* states[] = {trial_state::kComplete, trial_state::kComplete, trial_state::kComplete,
-                          trial_state::kPruned, trial_state::kFail};
+  const char* states[] = {trial_state::kComplete, trial_state::kComplete, trial_state::kComplete, trial_state::kPruned,
+                          trial_state::kFail};
   for (int i = 0; i < n; ++i) {
     std::string state = states[rng() % 5];
     bool reached = state == trial_state::kComplete && rng() % 4 != 0;
     std::optional<double> samples;
     if (reached) samples = 1000.0 * (1 + rng() % 50) + (rng() % 7) * 0.25;
-    else if (state == trial_state::kComplete) samples = 99999.0;  // what a budget-capped objective might hold
+    else if (state == trial_state::kComplete)
+      samples = 99999.0;  // what a budget-capped objective might hold
     auto t = make_trial(i, state, opts[rng() % 3], batches[rng() % 3], reached, reached ? samples : std::nullopt);
     if (state == trial_state::kComplete) t.values = {*samples};
     store.insert_trial(t);

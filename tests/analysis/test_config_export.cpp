@@ -94,7 +94,7 @@ TEST(ConfigExport, ShortestNumberRoundTrips) {
       ++digits;
     }
     if (digits > 1) {
-      char buf[64];
+      char buf[400];  // %g of any double fits
       std::snprintf(buf, sizeof buf, "%.*g", digits - 1, v);
       EXPECT_NE(std::strtod(buf, nullptr), v) << s << " vs " << buf;
     }

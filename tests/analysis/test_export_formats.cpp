@@ -66,8 +66,8 @@ std::string make_study() {
 
 test::RunResult bs_export(const std::string& dir, const std::string& format, const std::string& out,
                           std::vector<std::string> extra = {}) {
-  std::vector<std::string> argv = {test::bertsweep_bin(), "study", "export", kStudy, "--trial", "3",
-                                   "--format", format, "--out", out, "--dir", dir};
+  std::vector<std::string> argv = {
+      test::bertsweep_bin(), "study", "export", kStudy, "--trial", "3", "--format", format, "--out", out, "--dir", dir};
   argv.insert(argv.end(), extra.begin(), extra.end());
   return test::run(argv, 120);
 }
@@ -126,10 +126,17 @@ Values from_json(const std::string& path) {
                       path});
   if (r.exit_code != 0) throw std::runtime_error("python3 could not read " + path + ": " + r.err);
   auto m = key_values(r.out);
-  return {num(m, "opt_base_learning_rate"), num(m, "opt_lamb_beta_1"), num(m, "opt_lamb_beta_2"),
-          num(m, "opt_lamb_weight_decay_rate"), num(m, "seed"), num(m, "opt_learning_rate_training_steps"),
-          num(m, "opt_learning_rate_warmup_steps"), num(m, "start_warmup_step"),
-          num(m, "gradient_accumulation_steps"), num(m, "per_device_batch_size"), num(m, "global_batch_size")};
+  return {num(m, "opt_base_learning_rate"),
+          num(m, "opt_lamb_beta_1"),
+          num(m, "opt_lamb_beta_2"),
+          num(m, "opt_lamb_weight_decay_rate"),
+          num(m, "seed"),
+          num(m, "opt_learning_rate_training_steps"),
+          num(m, "opt_learning_rate_warmup_steps"),
+          num(m, "start_warmup_step"),
+          num(m, "gradient_accumulation_steps"),
+          num(m, "per_device_batch_size"),
+          num(m, "global_batch_size")};
 }
 
 std::map<std::string, std::string> sourced(const std::string& path, const std::vector<std::string>& names) {
@@ -143,14 +150,20 @@ std::map<std::string, std::string> sourced(const std::string& path, const std::v
 
 Values from_shell(const std::string& path, const ProductionLayout& layout) {
   auto m = sourced(path, {"LR", "OPT_LAMB_BETA_1", "OPT_LAMB_BETA_2", "WEIGHT_DECAY_RATE", "SEED", "MAX_STEPS",
-                          "WARMUP_STEPS", "START_WARMUP_STEP", "GRADIENT_STEPS", "BATCHSIZE", "DGXNNODES",
-                          "DGXNGPU"});
+                          "WARMUP_STEPS", "START_WARMUP_STEP", "GRADIENT_STEPS", "BATCHSIZE", "DGXNNODES", "DGXNGPU"});
   EXPECT_EQ(num(m, "DGXNNODES"), layout.nodes);
   EXPECT_EQ(num(m, "DGXNGPU"), layout.gpus_per_node);
   // NVIDIA's global batch: BATCHSIZE per GPU times the GPUs.
-  return {num(m, "LR"), num(m, "OPT_LAMB_BETA_1"), num(m, "OPT_LAMB_BETA_2"), num(m, "WEIGHT_DECAY_RATE"),
-          num(m, "SEED"), num(m, "MAX_STEPS"), num(m, "WARMUP_STEPS"), num(m, "START_WARMUP_STEP"),
-          num(m, "GRADIENT_STEPS"), num(m, "BATCHSIZE"),
+  return {num(m, "LR"),
+          num(m, "OPT_LAMB_BETA_1"),
+          num(m, "OPT_LAMB_BETA_2"),
+          num(m, "WEIGHT_DECAY_RATE"),
+          num(m, "SEED"),
+          num(m, "MAX_STEPS"),
+          num(m, "WARMUP_STEPS"),
+          num(m, "START_WARMUP_STEP"),
+          num(m, "GRADIENT_STEPS"),
+          num(m, "BATCHSIZE"),
           num(m, "BATCHSIZE") * num(m, "DGXNNODES") * num(m, "DGXNGPU")};
 }
 
@@ -231,8 +244,8 @@ TEST(ExportFormats, MlperfSettingsModelShapeAndPrecision) {
 
   auto s = bs_export(dir, "nvidia-config", out + "/c.sh");
   ASSERT_EQ(s.exit_code, 0) << s.err;
-  auto sh = sourced(out + "/c.sh", {"EVAL_ITER_START_SAMPLES", "EVAL_ITER_SAMPLES", "TARGET_MLM_ACCURACY",
-                                    "NUM_EVAL_EXAMPLES"});
+  auto sh = sourced(out + "/c.sh",
+                    {"EVAL_ITER_START_SAMPLES", "EVAL_ITER_SAMPLES", "TARGET_MLM_ACCURACY", "NUM_EVAL_EXAMPLES"});
   EXPECT_EQ(sh["EVAL_ITER_START_SAMPLES"], "175000");
   EXPECT_EQ(sh["EVAL_ITER_SAMPLES"], "175000");
   EXPECT_EQ(sh["TARGET_MLM_ACCURACY"], "0.72");

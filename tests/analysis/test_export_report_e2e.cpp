@@ -48,9 +48,14 @@ std::string shared_study_dir() {
     // threads in the base = what the controller passes (cores/parallel), so the stored config is what ran.
     const std::string cfg = (root / "exp.yaml").string();
     std::ofstream(cfg) << "name: exp\nobjective: samples_to_target\nsampler: random\npruner: none\n"
-                          "n_trials: 4\nparallel: " << parallel << "\nseed: 11\ntrial_timeout: 300\n"
-                          "base:\n  extends: " << test::source_dir() << "/configs/train/bert-tiny-brown.yaml\n"
-                          "  data: {eval_samples: 256}\n  batch: {global: 32, micro: 16}\n  threads: " << threads
+                          "n_trials: 4\nparallel: "
+                       << parallel
+                       << "\nseed: 11\ntrial_timeout: 300\n"
+                          "base:\n  extends: "
+                       << test::source_dir()
+                       << "/configs/train/bert-tiny-brown.yaml\n"
+                          "  data: {eval_samples: 256}\n  batch: {global: 32, micro: 16}\n  threads: "
+                       << threads
                        << "\n  target: {mlm_accuracy: 0.03, max_samples: 3000, eval_every_samples: 512}\n"
                           "space:\n  optimizer.name: {choice: [adamw, lamb]}\n"
                           "  optimizer.lr: {log_uniform: [2.0e-3, 1.0e-2]}\n  batch.global: {choice: [16, 32]}\n"
@@ -59,7 +64,8 @@ std::string shared_study_dir() {
                         "--dir", dir.string(), "--quiet"},
                        600);
     if (r.exit_code == 0) std::ofstream(root / "done") << "ok\n";
-    else ADD_FAILURE() << "study run failed (" << r.exit_code << "): " << r.err;
+    else
+      ADD_FAILURE() << "study run failed (" << r.exit_code << "): " << r.err;
   }
   flock(fd, LOCK_UN);
   close(fd);
@@ -77,7 +83,8 @@ struct Row {
 
 std::vector<Row> rows_by_sql(const std::string& db) {
   SQLite::Database sql(db, SQLite::OPEN_READONLY);
-  SQLite::Statement q(sql, "SELECT number, state, config_yaml, reached, samples_to_target FROM bs_trials ORDER BY number");
+  SQLite::Statement q(sql,
+                      "SELECT number, state, config_yaml, reached, samples_to_target FROM bs_trials ORDER BY number");
   std::vector<Row> out;
   while (q.executeStep()) {
     Row r{q.getColumn(0).getInt64(), q.getColumn(1).getString(), q.getColumn(2).getString(),
@@ -95,9 +102,7 @@ std::optional<Row> best_by_sql(const std::string& db, const std::string& optimiz
   for (const auto& r : rows_by_sql(db)) {
     if (r.state != "COMPLETE") continue;
     if (!optimizer.empty() && YAML::Load(r.config)["optimizer"]["name"].Scalar() != optimizer) continue;
-    auto key = [](const Row& x) {
-      return std::make_tuple(!x.reached, x.samples ? *x.samples : INFINITY, x.number);
-    };
+    auto key = [](const Row& x) { return std::make_tuple(!x.reached, x.samples ? *x.samples : INFINITY, x.number); };
     if (!best || key(r) < key(*best)) best = r;
   }
   return best;
@@ -135,8 +140,8 @@ TEST(ExportE2E, BestYamlIsTheStoredConfigAndTrainsToTheSameSamples) {
             TrainConfig::from_yaml(YAML::Load(best->config), "stored").to_yaml_string());
   EXPECT_NE(r.err.find("trial " + std::to_string(best->number)), std::string::npos) << r.err;
 
-  auto t = test::run({test::bertsweep_bin(), "train", "--config", out + "/best.yaml", "--events", "stdout", "--quiet"},
-                     300);
+  auto t =
+      test::run({test::bertsweep_bin(), "train", "--config", out + "/best.yaml", "--events", "stdout", "--quiet"}, 300);
   ASSERT_EQ(t.exit_code, 0) << t.err;
   auto samples = done_samples(t.out);
   ASSERT_TRUE(samples) << t.out;
@@ -194,8 +199,8 @@ TEST(ExportE2E, BadInputsExitWithStudyErrorAndSayWhy) {
   EXPECT_EQ(r.exit_code, 7) << r.err;
   EXPECT_NE(r.err.find("unknown study 'no-such-study'"), std::string::npos) << r.err;
 
-  r = test::run({test::bertsweep_bin(), "study", "export", kStudyName, "--best", "--where", "optimizer=sgd", "--dir",
-                 dir});
+  r = test::run(
+      {test::bertsweep_bin(), "study", "export", kStudyName, "--best", "--where", "optimizer=sgd", "--dir", dir});
   EXPECT_EQ(r.exit_code, 7) << r.err;
   EXPECT_NE(r.err.find("matches --where optimizer.name=sgd"), std::string::npos) << r.err;
 
@@ -240,8 +245,8 @@ TEST(ReportE2E, RealStudyReportRendersWithTheStudyNumbers) {
     failed += row.state == "FAIL";
     if (row.state == "COMPLETE" && row.reached && row.samples) samples[key].push_back(*row.samples);
   }
-  const std::string counts = "| " + std::to_string(rows_by_sql(db_of(dir)).size()) + " | " + std::to_string(complete) +
-                             " |";
+  const std::string counts =
+      "| " + std::to_string(rows_by_sql(db_of(dir)).size()) + " | " + std::to_string(complete) + " |";
   EXPECT_NE(md.find(counts), std::string::npos) << counts << "\n" << md;
   EXPECT_NE(md.find(" | " + std::to_string(pruned) + " | " + std::to_string(failed) + " | 0 |"), std::string::npos);
   for (const auto& [key, n] : count) {
@@ -264,8 +269,9 @@ TEST(ReportE2E, RealStudyReportRendersWithTheStudyNumbers) {
       << md;
   // The environment of the study's session.
   SQLite::Database sql(db_of(dir), SQLite::OPEN_READONLY);
-  SQLite::Statement env(sql, "SELECT key, value FROM bs_environment WHERE session = (SELECT MAX(session) FROM "
-                             "bs_environment) LIMIT 3");
+  SQLite::Statement env(sql,
+                        "SELECT key, value FROM bs_environment WHERE session = (SELECT MAX(session) FROM "
+                        "bs_environment) LIMIT 3");
   while (env.executeStep())
     EXPECT_NE(md.find("| " + env.getColumn(0).getString() + " |"), std::string::npos) << env.getColumn(0).getString();
 
@@ -343,8 +349,8 @@ TEST(ConfirmE2E, PerBatchConfirmsTheBestTrialOfEveryOptimizerAndBatch) {
   for (const auto& kv : best) optimizers.insert(kv.first.first);
   if (best.size() > optimizers.size()) {  // some optimizer ran at several batch sizes
     for (const auto& [key, row] : best) {
-      const std::string line = "| " + key.first + " | " + std::to_string(key.second) + " | " +
-                               std::to_string(row.number) + " | ";
+      const std::string line =
+          "| " + key.first + " | " + std::to_string(key.second) + " | " + std::to_string(row.number) + " | ";
       EXPECT_NE(md.find(line), std::string::npos) << line << "\n" << md;
     }
     EXPECT_NE(md.find("### Best trial per optimizer and batch size"), std::string::npos) << md;
@@ -358,8 +364,8 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
   const std::string dir = test::make_temp_dir("confirm-e2e");
   fs::copy(shared + "/" + kStudyName, dir + "/" + kStudyName, fs::copy_options::recursive);
   const std::string mllog = dir + "/mlperf";  // --mllog-dir: result_N.txt per (optimizer, batch)
-  auto r = test::run({test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "2", "--parallel", "2",
-                      "--dir", dir, "--mllog-dir", mllog},
+  auto r = test::run({test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "2", "--parallel", "2", "--dir",
+                      dir, "--mllog-dir", mllog},
                      600);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::set<std::string> optimizers;
@@ -368,8 +374,9 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
   SQLite::Database sql(db_of(dir), SQLite::OPEN_READONLY);
   for (const auto& opt : optimizers) {
     auto best = best_by_sql(db_of(dir), opt);
-    SQLite::Statement q(sql, "SELECT seed, source_trial, exit_code, reached, samples_to_target FROM bs_confirm "
-                             "WHERE optimizer = ? ORDER BY seed");
+    SQLite::Statement q(sql,
+                        "SELECT seed, source_trial, exit_code, reached, samples_to_target FROM bs_confirm "
+                        "WHERE optimizer = ? ORDER BY seed");
     q.bind(1, opt);
     std::vector<double> xs;
     std::vector<int64_t> seeds;
@@ -394,8 +401,7 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
       const std::string log = test::file_bytes(path);
       EXPECT_EQ(log.rfind(":::MLLOG ", 0), 0u) << path;
       EXPECT_NE(log.find("\"run_stop\""), std::string::npos) << path;
-      EXPECT_TRUE(std::regex_search(log, std::regex("\"key\": \"seed\", \"value\": " + std::to_string(k + 1) +
-                                                    "[,}]")))
+      EXPECT_TRUE(std::regex_search(log, std::regex("\"key\": \"seed\", \"value\": " + std::to_string(k + 1) + "[,}]")))
           << path;
     }
     if (xs.empty()) continue;
@@ -411,9 +417,8 @@ TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {
   SQLite::Statement count(sql, "SELECT COUNT(*) FROM bs_confirm");
   ASSERT_TRUE(count.executeStep());
   const int64_t rows = count.getColumn(0).getInt64();
-  auto again = test::run({test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "2", "--dir", dir,
-                          "--mllog-dir", mllog},
-                         120);
+  auto again = test::run(
+      {test::bertsweep_bin(), "study", "confirm", kStudyName, "--seeds", "2", "--dir", dir, "--mllog-dir", mllog}, 120);
   EXPECT_EQ(again.exit_code, 7) << again.err;
   EXPECT_NE(again.err.find("result_0.txt exists already"), std::string::npos) << again.err;
   SQLite::Statement count2(sql, "SELECT COUNT(*) FROM bs_confirm");

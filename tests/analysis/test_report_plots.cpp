@@ -10,7 +10,7 @@
 #include "PngCheck.h"
 #include "StudyFixture.h"
 #include "TestUtil.h"
-#include "analysis/ConfirmStore.h"
+#include "analysis/ConfirmSummary.h"
 #include "analysis/Report.h"
 #include "analysis/ReportPlots.h"
 
@@ -36,12 +36,14 @@ TEST(ReportPlots, EachPlotIsANonTrivialPng) {
   Curve b{"adamw", {1000, 2000, 3000}, {0.04, 0.12, 0.2}};
   plot_convergence(dir + "/c.png", {a, b}, 0.2, "convergence");
   expect_real_png(dir + "/c.png");
-  std::vector<ParetoPoint> pts = {{1, 32, 3000, "lamb"}, {2, 64, 3500, "lamb"}, {3, 64, 5000, "adamw"},
-                                  {4, 128, 7000, "adamw"}};
+  std::vector<ParetoPoint> pts = {
+      {1, 32, 3000, "lamb"}, {2, 64, 3500, "lamb"}, {3, 64, 5000, "adamw"}, {4, 128, 7000, "adamw"}};
   plot_pareto(dir + "/p.png", pts, {pts[0], pts[1], pts[3]}, "pareto");
   expect_real_png(dir + "/p.png");
-  std::vector<HistoryPoint> h = {{0, "COMPLETE", 5000.0, 5000.0}, {1, "PRUNED", std::nullopt, 5000.0},
-                                 {2, "COMPLETE", 3000.0, 3000.0}, {3, "FAIL", std::nullopt, 3000.0}};
+  std::vector<HistoryPoint> h = {{0, "COMPLETE", 5000.0, 5000.0},
+                                 {1, "PRUNED", std::nullopt, 5000.0},
+                                 {2, "COMPLETE", 3000.0, 3000.0},
+                                 {3, "FAIL", std::nullopt, 3000.0}};
   plot_history(dir + "/h.png", h, "samples_to_target", "history");
   expect_real_png(dir + "/h.png");
   plot_confirm(dir + "/f.png", {{"lamb", {3000, 3200, 2900}}, {"adamw", {5000, 5600}}}, "confirm");
@@ -75,7 +77,8 @@ TEST(Report, StoreStudyRendersTablesEqualToOwnSql) {
     test::fill_random_study(store, 30, 21);
     for (const auto& t : store.trials())
       for (int k = 1; k <= 5; ++k)
-        store.add_eval({t.number, k * 10, k * 1000, 0.04 * k + 0.001 * static_cast<double>(t.number), 5.0 - k, 1.0 * k});
+        store.add_eval(
+            {t.number, k * 10, k * 1000, 0.04 * k + 0.001 * static_cast<double>(t.number), 5.0 - k, 1.0 * k});
     ConfirmStore confirm(db, true);
     for (int s = 1; s <= 3; ++s) confirm.add({1, "lamb", 0, s, 0, true, 3000.0 + 100 * s, 1.0, 0.3, "seed: 1\n", ""});
   }

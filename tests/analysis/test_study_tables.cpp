@@ -8,7 +8,7 @@
 
 #include "StudyFixture.h"
 #include "TestUtil.h"
-#include "analysis/ConfirmStore.h"
+#include "analysis/ConfirmSummary.h"
 #include "analysis/StudyTables.h"
 #include "common/TrainConfig.h"
 #include "studies/ConfigExport.h"
@@ -204,7 +204,9 @@ TEST(StudyTables, HistoryBestSoFarIsTheRunningMinimum) {
       EXPECT_FALSE(p.value.has_value());
     }
     EXPECT_EQ(p.best_so_far.has_value(), best.has_value());
-    if (best) EXPECT_DOUBLE_EQ(*p.best_so_far, *best);
+    if (best) {
+      EXPECT_DOUBLE_EQ(*p.best_so_far, *best);
+    }
   }
 }
 
@@ -284,12 +286,14 @@ TEST(ConfirmStore, OldTableWithoutBatchIsReadAndMigratedKeepingEveryRow) {
   { StudyStore store(db); }
   {
     SQLite::Database sql(db, SQLite::OPEN_READWRITE);
-    sql.exec("CREATE TABLE bs_confirm (session INTEGER NOT NULL, optimizer TEXT NOT NULL, source_trial INTEGER "
-             "NOT NULL, seed INTEGER NOT NULL, exit_code INTEGER NOT NULL, reached INTEGER NOT NULL, "
-             "samples_to_target REAL, seconds_to_target REAL, final_mlm_accuracy REAL, config_yaml TEXT NOT NULL, "
-             "log_path TEXT, PRIMARY KEY (session, optimizer, seed))");
-    sql.exec("INSERT INTO bs_confirm VALUES (1, 'adam', 4, 1, 0, 1, 2048, 10, 0.08, 'seed: 1', 'l1'), "
-             "(1, 'adam', 4, 2, 0, 1, 4096, 20, 0.08, 'seed: 2', 'l2')");
+    sql.exec(
+        "CREATE TABLE bs_confirm (session INTEGER NOT NULL, optimizer TEXT NOT NULL, source_trial INTEGER "
+        "NOT NULL, seed INTEGER NOT NULL, exit_code INTEGER NOT NULL, reached INTEGER NOT NULL, "
+        "samples_to_target REAL, seconds_to_target REAL, final_mlm_accuracy REAL, config_yaml TEXT NOT NULL, "
+        "log_path TEXT, PRIMARY KEY (session, optimizer, seed))");
+    sql.exec(
+        "INSERT INTO bs_confirm VALUES (1, 'adam', 4, 1, 0, 1, 2048, 10, 0.08, 'seed: 1', 'l1'), "
+        "(1, 'adam', 4, 2, 0, 1, 4096, 20, 0.08, 'seed: 2', 'l2')");
   }
   {
     ConfirmStore ro(db, false);

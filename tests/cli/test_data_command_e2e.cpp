@@ -8,18 +8,13 @@
 #include <fstream>
 
 #include "TestUtil.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 
 namespace {
 namespace fs = std::filesystem;
 using bs::test::run;
 
 bool contains(const std::string& hay, const std::string& needle) { return hay.find(needle) != std::string::npos; }
-
-std::vector<std::string> prepare_args(const std::string& out, const std::string& seed) {
-  return {bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "1500", "--seq-len", "64",
-          "--max-docs", "25", "--dupe-factor", "2", "--eval-every", "5", "--seed", seed, "--quiet", "--out", out};
-}
 
 // Nothing named like a dataset, and no temp folder, left beside `out`.
 void expect_nothing_left(const std::string& out) {
@@ -63,8 +58,8 @@ TEST_F(DataCommand, HelpAndUsageErrors) {
     EXPECT_EQ(r.exit_code, 0);
     EXPECT_TRUE(contains(r.out, std::string("bertsweep data ") + sub)) << r.out;
   }
-  auto r = run({bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "100", "--out", dir + "/x",
-                "--bogus", "1"});
+  auto r = run({bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "100", "--out",
+                dir + "/x", "--bogus", "1"});
   EXPECT_EQ(r.exit_code, bs::exit_code::kUsage);
   EXPECT_TRUE(contains(r.err, "--bogus")) << r.err;
   r = run({bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "100"});
@@ -77,7 +72,7 @@ TEST_F(DataCommand, HelpAndUsageErrors) {
 }
 
 TEST_F(DataCommand, ProgressOnStderrAndRefusesToOverwriteWithoutForce) {
-  auto args = prepare_args(dir + "/d", "3");
+  auto args = bs::test::tiny_prepare_args(dir + "/d", "3");
   args.erase(std::find(args.begin(), args.end(), "--quiet"));
   auto r = run(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -85,11 +80,11 @@ TEST_F(DataCommand, ProgressOnStderrAndRefusesToOverwriteWithoutForce) {
   EXPECT_TRUE(contains(r.err, "instances")) << r.err;
   EXPECT_TRUE(contains(r.err, "wrote shard train_00000.hdf5")) << r.err;
   const std::string meta = read_file(dir + "/d/meta.yaml");
-  r = run(prepare_args(dir + "/d", "4"));
+  r = run(bs::test::tiny_prepare_args(dir + "/d", "4"));
   EXPECT_EQ(r.exit_code, bs::exit_code::kUsage);
   EXPECT_TRUE(contains(r.err, "--force")) << r.err;
   EXPECT_EQ(read_file(dir + "/d/meta.yaml"), meta);
-  args = prepare_args(dir + "/d", "4");
+  args = bs::test::tiny_prepare_args(dir + "/d", "4");
   args.push_back("--force");
   r = run(args);
   ASSERT_EQ(r.exit_code, 0) << r.err;
@@ -101,7 +96,7 @@ TEST_F(DataCommand, ProgressOnStderrAndRefusesToOverwriteWithoutForce) {
 // someone's files, a plain file, a FIFO, and a dataset with a file added by hand all survive byte for byte.
 TEST_F(DataCommand, ForceNeverReplacesWhatDataPrepareDidNotMake) {
   auto refused = [&](const std::string& out, const std::string& needle) {
-    auto args = prepare_args(out, "3");
+    auto args = bs::test::tiny_prepare_args(out, "3");
     args.push_back("--force");
     auto r = run(args);
     EXPECT_EQ(r.exit_code, bs::exit_code::kUsage) << out << ": " << r.err;
@@ -126,7 +121,7 @@ TEST_F(DataCommand, ForceNeverReplacesWhatDataPrepareDidNotMake) {
   EXPECT_TRUE(fs::is_fifo(dir + "/fifo"));
 
   // A real dataset (this command made it) with a user's file put into it: refused, the file kept.
-  auto r = run(prepare_args(dir + "/d", "3"));
+  auto r = run(bs::test::tiny_prepare_args(dir + "/d", "3"));
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::ofstream(dir + "/d/README.txt") << "keep me";
   refused(dir + "/d", "README.txt");
@@ -137,7 +132,7 @@ TEST_F(DataCommand, ForceNeverReplacesWhatDataPrepareDidNotMake) {
 TEST_F(DataCommand, MissingCorpusIsADataErrorThatSaysToFetchIt) {
   fs::create_directories(dir + "/emptycache");
   setenv("BERTSWEEP_CACHE", (dir + "/emptycache").c_str(), 1);
-  auto r = run(prepare_args(dir + "/out", "1"));
+  auto r = run(bs::test::tiny_prepare_args(dir + "/out", "1"));
   unsetenv("BERTSWEEP_CACHE");
   EXPECT_EQ(r.exit_code, bs::exit_code::kData);
   EXPECT_TRUE(contains(r.err, "scripts/fetch-corpus")) << r.err;
@@ -152,8 +147,8 @@ TEST_F(DataCommand, MissingCorpusIsADataErrorThatSaysToFetchIt) {
 }
 
 TEST_F(DataCommand, UnreadableVocabIsADataErrorNamingTheFile) {
-  auto r = run({bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab", dir + "/missing-vocab.txt",
-                "--max-docs", "10", "--out", dir + "/out", "--quiet"});
+  auto r = run({bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab",
+                dir + "/missing-vocab.txt", "--max-docs", "10", "--out", dir + "/out", "--quiet"});
   EXPECT_EQ(r.exit_code, bs::exit_code::kData);
   EXPECT_TRUE(contains(r.err, dir + "/missing-vocab.txt")) << r.err;
   expect_nothing_left(dir + "/out");
@@ -172,7 +167,8 @@ TEST_F(DataCommand, GivenVocabAndPlainTextCorpus) {
   {
     std::ofstream f(dir + "/corpus/story.txt");
     for (int d = 0; d < 10; ++d) {
-      for (int s = 0; s < 25; ++s) f << "The jury said on day " << s << " that the election in county " << d << " was fair.\n";
+      for (int s = 0; s < 25; ++s)
+        f << "The jury said on day " << s << " that the election in county " << d << " was fair.\n";
       f << "\n";
     }
   }

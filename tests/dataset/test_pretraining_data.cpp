@@ -8,8 +8,8 @@
 #include <set>
 
 #include "TestUtil.h"
-#include "trainer/Corpus.h"
-#include "trainer/PretrainingData.h"
+#include "dataset/Corpus.h"
+#include "dataset/PretrainingData.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -112,7 +112,9 @@ TEST(PretrainingInstances, HaveBertLayout) {
     for (int t = 0; t < 64; ++t) {
       const int want = t > seps[0] && t < len ? 1 : 0;
       ASSERT_EQ(d.segment_ids[r][t].item<int>(), want) << "row " << r << " pos " << t;
-      if (t >= len) ASSERT_EQ(d.input_ids[r][t].item<int>(), 0);
+      if (t >= len) {
+        ASSERT_EQ(d.input_ids[r][t].item<int>(), 0);
+      }
     }
     // Masked positions: sorted, distinct, never [CLS]/[SEP]/padding; count = min(max_pred, round(15% of len)).
     int n_masked = 0, last = 0;
@@ -281,7 +283,8 @@ TEST(PrepareData, PlainTextCorpusFolder) {
   {
     std::ofstream f(dir + "/corpus/a.txt");
     for (int d = 0; d < 12; ++d) {
-      for (int s = 0; s < 30; ++s) f << "Document " << d << " has sentence number " << s << " about topic" << d * 7 + s << ".\n";
+      for (int s = 0; s < 30; ++s)
+        f << "Document " << d << " has sentence number " << s << " about topic" << d * 7 + s << ".\n";
       f << "\n";
     }
   }
@@ -306,7 +309,8 @@ TEST(PrepareData, PlainTextCorpusFolder) {
   EXPECT_EQ(ds.train.size(), s.train_instances);
   EXPECT_EQ(static_cast<int64_t>(ds.train_files.size()), (s.train_instances + 39) / 40);
   EXPECT_TRUE(fs::exists(o.out + "/meta.yaml"));
-  for (const auto& e : fs::directory_iterator(dir)) EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
+  for (const auto& e : fs::directory_iterator(dir))
+    EXPECT_EQ(e.path().string().find(".tmp-"), std::string::npos) << e.path();
   fs::remove_all(dir);
 }
 
@@ -314,16 +318,16 @@ TEST(PrepareData, PlainTextCorpusFolder) {
 TEST(PrepareData, SameSeedGivesIdenticalShardsOtherSeedDoesNot) {
   const std::string dir = bs::test::make_temp_dir("seeds");
   auto prepare = [&](const std::string& name, const std::string& seed) {
-    auto r = bs::test::run({bs::test::bertsweep_bin(), "data", "prepare", "--corpus", "brown", "--vocab-size", "1500",
-                            "--seq-len", "64", "--max-docs", "25", "--dupe-factor", "2", "--eval-every", "5", "--seed",
-                            seed, "--quiet", "--out", dir + "/" + name});
+    auto r = bs::test::run(bs::test::tiny_prepare_args(dir + "/" + name, seed));
     EXPECT_EQ(r.exit_code, 0) << r.err;
     EXPECT_TRUE(r.err.empty()) << "--quiet printed: " << r.err;
   };
   prepare("a", "1");
   prepare("b", "1");
   prepare("c", "2");
-  auto shard = [&](const std::string& name, const std::string& file) { return bs::read_shard(dir + "/" + name + "/" + file); };
+  auto shard = [&](const std::string& name, const std::string& file) {
+    return bs::read_shard(dir + "/" + name + "/" + file);
+  };
   for (const char* f : {"train_00000.hdf5", "eval.hdf5"}) {
     const auto a = shard("a", f), b = shard("b", f);
     EXPECT_TRUE(torch::equal(a.input_ids, b.input_ids)) << f;

@@ -9,8 +9,8 @@
 #include <set>
 
 #include "TestUtil.h"
-#include "trainer/Sampler.h"
-#include "trainer/ShardIO.h"
+#include "dataset/Sampler.h"
+#include "dataset/ShardIO.h"
 
 namespace {
 
@@ -149,7 +149,9 @@ TEST(Samplers, LocalPresortGivesEveryRankTheSameStratumMix) {
     o.rank = r;
     ranks.push_back(bs::make_sampler(o, len));
   }
-  auto stratum = [&](int64_t i) { return std::lower_bound(o.strata.begin(), o.strata.end(), len[i]) - o.strata.begin(); };
+  auto stratum = [&](int64_t i) {
+    return std::lower_bound(o.strata.begin(), o.strata.end(), len[i]) - o.strata.begin();
+  };
   for (int s = 0; s < ranks[0]->steps_per_epoch(); ++s) {
     std::vector<std::vector<int64_t>> counts(4, std::vector<int64_t>(5));
     for (int r = 0; r < 4; ++r)

@@ -8,7 +8,7 @@
 #include <map>
 
 #include "TestUtil.h"
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 namespace {
 namespace fs = std::filesystem;
@@ -50,12 +50,9 @@ void write_raw(const std::string& path, const std::map<std::string, torch::Tenso
 }
 
 std::map<std::string, torch::Tensor> as_map(const bs::ShardData& d) {
-  return {{"input_ids", d.input_ids},
-          {"input_mask", d.input_mask},
-          {"segment_ids", d.segment_ids},
-          {"masked_lm_positions", d.masked_lm_positions},
-          {"masked_lm_ids", d.masked_lm_ids},
-          {"next_sentence_labels", d.next_sentence_labels}};
+  return {{"input_ids", d.input_ids},         {"input_mask", d.input_mask},
+          {"segment_ids", d.segment_ids},     {"masked_lm_positions", d.masked_lm_positions},
+          {"masked_lm_ids", d.masked_lm_ids}, {"next_sentence_labels", d.next_sentence_labels}};
 }
 
 template <class F>

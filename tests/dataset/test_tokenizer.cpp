@@ -5,8 +5,8 @@
 #include <fstream>
 
 #include "TestUtil.h"
-#include "trainer/ShardIO.h"
-#include "trainer/Tokenizer.h"
+#include "dataset/ShardIO.h"
+#include "dataset/Tokenizer.h"
 
 namespace {
 using bs::Vocab;
@@ -14,13 +14,14 @@ using Strs = std::vector<std::string>;
 
 // BERT's own tokenization test vocab, plus the specials our loader requires.
 Vocab small_vocab() {
-  return Vocab({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "want", "##want", "##ed", "wa", "un", "runn", "##ing", ",",
-                "!", "hello", "##aff", "##able", "a", "##a", "##b", "c", "naive", "cafe"});
+  return Vocab({"[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "want", "##want", "##ed", "wa", "un",    "runn", "##ing",
+                ",",     "!",     "hello", "##aff", "##able", "a",    "##a",    "##b",  "c",  "naive", "cafe"});
 }
 
 TEST(BasicTokenizer, SplitsPunctuationAndLowerCases) {
   EXPECT_EQ(bs::basic_tokenize(" \tHeLLo!how  \n Are yoU?  "), (Strs{"hello", "!", "how", "are", "you", "?"}));
-  EXPECT_EQ(bs::basic_tokenize("don't re-enter 3.14$"), (Strs{"don", "'", "t", "re", "-", "enter", "3", ".", "14", "$"}));
+  EXPECT_EQ(bs::basic_tokenize("don't re-enter 3.14$"),
+            (Strs{"don", "'", "t", "re", "-", "enter", "3", ".", "14", "$"}));
   EXPECT_EQ(bs::basic_tokenize("\"Quoted\" (words)"), (Strs{"\"", "quoted", "\"", "(", "words", ")"}));
 }
 
@@ -28,7 +29,8 @@ TEST(BasicTokenizer, StripsAccentsOfLatin1AndLatinExtendedA) {
   // NFD base letters: é->e, Å->a, ï->i, Ł has no decomposition (stays ł), ź->z, ß and Æ have none either.
   EXPECT_EQ(bs::basic_tokenize("H\u00e9llo \u00c5ngstr\u00f6m na\u00efve \u0141\u00f3d\u017a Stra\u00dfe \u00c6sir"),
             (Strs{"hello", "angstrom", "naive", "\u0142odz", "stra\u00dfe", "\u00e6sir"}));
-  EXPECT_EQ(bs::basic_tokenize("\u010c\u0159\u0115\u0161\u0171 \u0130stanbul \u0178"), (Strs{"cresu", "istanbul", "y"}));
+  EXPECT_EQ(bs::basic_tokenize("\u010c\u0159\u0115\u0161\u0171 \u0130stanbul \u0178"),
+            (Strs{"cresu", "istanbul", "y"}));
   // An already decomposed accent (e + combining acute) is dropped too.
   EXPECT_EQ(bs::basic_tokenize("cafe\u0301"), (Strs{"cafe"}));
   // Without lower-casing, accents stay (as in BERT's cased models).
@@ -37,7 +39,10 @@ TEST(BasicTokenizer, StripsAccentsOfLatin1AndLatinExtendedA) {
 
 TEST(BasicTokenizer, CleansWhitespaceAndControlCharacters) {
   // Tab and no-break space separate; zero-width space (Cf), \x01 (Cc) and invalid UTF-8 are dropped.
-  EXPECT_EQ(bs::basic_tokenize("a\tb\u00a0c\u200bd\x01" "e\xff" "f"), (Strs{"a", "b", "cdef"}));
+  EXPECT_EQ(bs::basic_tokenize("a\tb\u00a0c\u200bd\x01"
+                               "e\xff"
+                               "f"),
+            (Strs{"a", "b", "cdef"}));
   EXPECT_TRUE(bs::basic_tokenize(" \n\t ").empty());
 }
 

@@ -3,8 +3,8 @@
 
 #include <set>
 
-#include "trainer/Corpus.h"
-#include "trainer/VocabTrainer.h"
+#include "dataset/Corpus.h"
+#include "dataset/VocabTrainer.h"
 
 namespace {
 using Strs = std::vector<std::string>;

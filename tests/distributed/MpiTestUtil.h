@@ -35,10 +35,10 @@ struct MpiRun {
 inline MpiRun run_current_test_under_mpirun(int np = 2, double timeout_s = 60) {
   auto t0 = std::chrono::steady_clock::now();
   MpiRun r;
-  r.result = run({"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(np), "-x",
-                  "BS_MPI_CHILD=1", "-x", "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", self_exe(),
-                  "--gtest_filter=" + current_test_name()},
-                 timeout_s);
+  r.result = run(
+      {"/usr/bin/mpirun", "--allow-run-as-root", "--oversubscribe", "-np", std::to_string(np), "-x", "BS_MPI_CHILD=1",
+       "-x", "OMP_NUM_THREADS=1", "-x", "OPENBLAS_NUM_THREADS=1", self_exe(), "--gtest_filter=" + current_test_name()},
+      timeout_s);
   r.seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return r;
 }
@@ -46,11 +46,11 @@ inline MpiRun run_current_test_under_mpirun(int np = 2, double timeout_s = 60) {
 }  // namespace bs::test
 
 // First line of an MPI test body: in the parent, run the body in 2 ranks and require that every rank passed.
-#define BS_RUN_IN_MPI_RANKS()                                                                   \
-  do {                                                                                          \
-    if (!::bs::test::in_mpi_child()) {                                                          \
-      auto mpi_run = ::bs::test::run_current_test_under_mpirun();                               \
+#define BS_RUN_IN_MPI_RANKS()                                                                     \
+  do {                                                                                            \
+    if (!::bs::test::in_mpi_child()) {                                                            \
+      auto mpi_run = ::bs::test::run_current_test_under_mpirun();                                 \
       EXPECT_EQ(mpi_run.result.exit_code, 0) << mpi_run.result.out << "\n" << mpi_run.result.err; \
-      return;                                                                                   \
-    }                                                                                           \
+      return;                                                                                     \
+    }                                                                                             \
   } while (0)

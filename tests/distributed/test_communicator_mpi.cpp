@@ -7,7 +7,7 @@
 #include <thread>
 
 #include "MpiTestUtil.h"
-#include "trainer/Communicator.h"
+#include "distributed/Communicator.h"
 
 namespace {
 
@@ -76,7 +76,9 @@ TEST(CommunicatorMpi, NonBlockingOperationsProceedAndCompleteInAnyWaitOrder) {
     ts.push_back(torch::full({int64_t(1) << (8 + 2 * k)}, float(r + k), torch::kFloat));
     works.push_back(comm->allreduce_async(ts.back(), bs::ReduceOp::kSum));
   }
-  if (r == 0) EXPECT_FALSE(works[0]->done()) << "rank 0 cannot be done before rank 1 has joined";
+  if (r == 0) {
+    EXPECT_FALSE(works[0]->done()) << "rank 0 cannot be done before rank 1 has joined";
+  }
   for (int k = 5; k >= 0; --k) works[k]->wait();  // reverse order of issue
   for (int k = 0; k < 6; ++k) {
     EXPECT_TRUE(works[k]->done());
@@ -126,7 +128,9 @@ TEST(CommunicatorMpi, AutoBackendPicksMpiUnderMpirun) {
 
 // Outside mpirun, auto means a single process; unknown backends are config errors naming the key.
 TEST(CommunicatorLocal, AutoIsNoneWhenStartedAlone) {
-  if (bs::test::in_mpi_child()) GTEST_SKIP();
+  if (bs::test::in_mpi_child()) {
+    GTEST_SKIP();
+  }
   bs::DistributedConfig c;
   c.backend = "auto";
   auto comm = bs::make_communicator(c);
@@ -151,8 +155,8 @@ TEST(CommunicatorLocal, AutoIsNoneWhenStartedAlone) {
 TEST(CommunicatorMpi, HungPeerRaisesDistributedErrorAfterTimeout) {
   if (!bs::test::in_mpi_child()) {
     auto run = bs::test::run_current_test_under_mpirun(2, 60);
-    EXPECT_NE(run.result.out.find("rank 0 detected the hung peer"), std::string::npos)
-        << run.result.out << "\n" << run.result.err;
+    EXPECT_NE(run.result.out.find("rank 0 detected the hung peer"), std::string::npos) << run.result.out << "\n"
+                                                                                       << run.result.err;
     EXPECT_NE(run.result.exit_code, 137) << "the job hung until the test harness killed it";
     return;
   }

@@ -8,8 +8,8 @@
 #include <cmath>
 
 #include "MpiTestUtil.h"
-#include "trainer/Communicator.h"
-#include "trainer/GradientBucketer.h"
+#include "distributed/Communicator.h"
+#include "distributed/GradientBucketer.h"
 
 namespace {
 
@@ -61,8 +61,8 @@ std::vector<torch::Tensor> mean_of(const std::vector<torch::Tensor>& a, const st
 }
 
 // Local gradient with each bucket clipped to max_norm / sqrt(n_buckets) (float64).
-std::vector<torch::Tensor> bucket_clipped(std::vector<torch::Tensor> g, const std::vector<std::vector<int64_t>>& buckets,
-                                          double max_norm) {
+std::vector<torch::Tensor> bucket_clipped(std::vector<torch::Tensor> g,
+                                          const std::vector<std::vector<int64_t>>& buckets, double max_norm) {
   const double cap = max_norm / std::sqrt(double(buckets.size()));
   for (const auto& b : buckets) {
     std::vector<torch::Tensor> part;
@@ -106,8 +106,9 @@ StepResult run_step(bs::Communicator& comm, const std::string& mode, double max_
   clip.mode = mode;
   clip.max_norm = max_norm;
   clip.bucket_mb = 200.0 / (1024 * 1024);  // ~50 floats: 3 buckets for this model
-  bs::GradientBucketer bucketer(m->parameters(), comm, clip, std::nullopt,
-                                layout == Layout::kViews ? std::vector<torch::Tensor>{flat} : std::vector<torch::Tensor>{});
+  bs::GradientBucketer bucketer(
+      m->parameters(), comm, clip, std::nullopt,
+      layout == Layout::kViews ? std::vector<torch::Tensor>{flat} : std::vector<torch::Tensor>{});
   EXPECT_EQ(bucketer.buckets_are_views(), layout == Layout::kViews);
   StepResult res;
   for (int k = 0; k < micros; ++k) {
@@ -133,7 +134,8 @@ StepResult run_step(bs::Communicator& comm, const std::string& mode, double max_
   return res;
 }
 
-void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want, const std::string& what) {
+void expect_close(const std::vector<torch::Tensor>& got, const std::vector<torch::Tensor>& want,
+                  const std::string& what) {
   ASSERT_EQ(got.size(), want.size());
   for (size_t i = 0; i < got.size(); ++i)
     EXPECT_TRUE(torch::allclose(got[i], want[i], 1e-4, 1e-6))
@@ -151,17 +153,17 @@ TEST(GradientBucketerMpi, AveragedGradientsMatchTheMeanOfBothRanks) {
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  ASSERT_EQ(comm->world(), 2);
-  const auto want = mean_of(reference_grads(0, 1), reference_grads(1, 1));
-  StepResult r = run_step(*comm, "none", 1.0, 1, layout);
-  EXPECT_GE(r.stats.buckets, 3) << "the test wants several buckets";
-  expect_close(r.grads, want, "none");
-  EXPECT_NEAR(r.stats.grad_norm, norm_of(want), 1e-4 * norm_of(want));
-  EXPECT_TRUE(r.views_kept) << ".grad() must stay a view into the optimizer's flat buffer";
-  // Buckets are in reverse registration order: the first bucket holds the last parameter.
-  EXPECT_EQ(r.buckets.front().front(), int64_t(want.size()) - 1);
-  EXPECT_EQ(r.buckets.back().back(), 0);
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    ASSERT_EQ(comm->world(), 2);
+    const auto want = mean_of(reference_grads(0, 1), reference_grads(1, 1));
+    StepResult r = run_step(*comm, "none", 1.0, 1, layout);
+    EXPECT_GE(r.stats.buckets, 3) << "the test wants several buckets";
+    expect_close(r.grads, want, "none");
+    EXPECT_NEAR(r.stats.grad_norm, norm_of(want), 1e-4 * norm_of(want));
+    EXPECT_TRUE(r.views_kept) << ".grad() must stay a view into the optimizer's flat buffer";
+    // Buckets are in reverse registration order: the first bucket holds the last parameter.
+    EXPECT_EQ(r.buckets.front().front(), int64_t(want.size()) - 1);
+    EXPECT_EQ(r.buckets.back().back(), 0);
   }
 }
 
@@ -169,13 +171,13 @@ TEST(GradientBucketerMpi, BucketsStartDuringBackward) {
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  StepResult r = run_step(*comm, "bucket_before_allreduce", 0.05, 1, layout);
-  EXPECT_EQ(r.stats.launched_in_backward, r.stats.buckets) << "every bucket should start from an autograd hook";
-  EXPECT_TRUE(r.launched_before_backward_end) << "a bucket's allreduce started only after backward returned";
-  EXPECT_GT(r.stats.comm_seconds, 0.0);
-  EXPECT_GE(r.stats.overlap, 0.0);
-  EXPECT_LE(r.stats.overlap, 1.0);
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    StepResult r = run_step(*comm, "bucket_before_allreduce", 0.05, 1, layout);
+    EXPECT_EQ(r.stats.launched_in_backward, r.stats.buckets) << "every bucket should start from an autograd hook";
+    EXPECT_TRUE(r.launched_before_backward_end) << "a bucket's allreduce started only after backward returned";
+    EXPECT_GT(r.stats.comm_seconds, 0.0);
+    EXPECT_GE(r.stats.overlap, 0.0);
+    EXPECT_LE(r.stats.overlap, 1.0);
   }
 }
 
@@ -183,12 +185,12 @@ TEST(GradientBucketerMpi, GradientAccumulationCommunicatesOnlyOnTheLastMicroBatc
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  const auto want = mean_of(reference_grads(0, 3), reference_grads(1, 3));
-  StepResult r = run_step(*comm, "none", 1.0, 3, layout);
-  EXPECT_TRUE(r.nothing_launched_early);
-  EXPECT_EQ(r.stats.launched_in_backward, r.stats.buckets);
-  expect_close(r.grads, want, "3 micro-batches");
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    const auto want = mean_of(reference_grads(0, 3), reference_grads(1, 3));
+    StepResult r = run_step(*comm, "none", 1.0, 3, layout);
+    EXPECT_TRUE(r.nothing_launched_early);
+    EXPECT_EQ(r.stats.launched_in_backward, r.stats.buckets);
+    expect_close(r.grads, want, "3 micro-batches");
   }
 }
 
@@ -196,13 +198,13 @@ TEST(GradientBucketerMpi, GlobalClipAfterAllreduce) {
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  const auto mean = mean_of(reference_grads(0, 1), reference_grads(1, 1));
-  const double max_norm = 0.5 * norm_of(mean);  // binding
-  StepResult r = run_step(*comm, "global_after_allreduce", max_norm, 1, layout);
-  expect_close(r.grads, scaled(mean, max_norm / norm_of(mean)), "global_after_allreduce");
-  EXPECT_NEAR(r.stats.grad_norm, norm_of(mean), 1e-4 * norm_of(mean));
-  EXPECT_NEAR(norm_of(r.grads), max_norm, 1e-4 * max_norm);
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    const auto mean = mean_of(reference_grads(0, 1), reference_grads(1, 1));
+    const double max_norm = 0.5 * norm_of(mean);  // binding
+    StepResult r = run_step(*comm, "global_after_allreduce", max_norm, 1, layout);
+    expect_close(r.grads, scaled(mean, max_norm / norm_of(mean)), "global_after_allreduce");
+    EXPECT_NEAR(r.stats.grad_norm, norm_of(mean), 1e-4 * norm_of(mean));
+    EXPECT_NEAR(norm_of(r.grads), max_norm, 1e-4 * max_norm);
   }
 }
 
@@ -210,22 +212,22 @@ TEST(GradientBucketerMpi, BucketClipBeforeAllreduce) {
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  const auto g0 = reference_grads(0, 1), g1 = reference_grads(1, 1);
-  const double max_norm = 0.3 * std::min(norm_of(g0), norm_of(g1));
-  StepResult r = run_step(*comm, "bucket_before_allreduce", max_norm, 1, layout);
-  const auto want = mean_of(bucket_clipped(g0, r.buckets, max_norm), bucket_clipped(g1, r.buckets, max_norm));
-  expect_close(r.grads, want, "bucket_before_allreduce");
-  // Each bucket of the result is the mean of two clipped buckets, so within the per-bucket cap.
-  const double cap = max_norm / std::sqrt(double(r.buckets.size()));
-  for (const auto& b : r.buckets) {
-    std::vector<torch::Tensor> part;
-    for (int64_t i : b) part.push_back(r.grads[i]);
-    EXPECT_LE(norm_of(part), cap * (1 + 1e-5));
-  }
-  EXPECT_LE(norm_of(r.grads), max_norm * (1 + 1e-5));
-  const double local = norm_of(comm->rank() == 0 ? g0 : g1);
-  EXPECT_NEAR(r.stats.grad_norm, local, 1e-4 * local);
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    const auto g0 = reference_grads(0, 1), g1 = reference_grads(1, 1);
+    const double max_norm = 0.3 * std::min(norm_of(g0), norm_of(g1));
+    StepResult r = run_step(*comm, "bucket_before_allreduce", max_norm, 1, layout);
+    const auto want = mean_of(bucket_clipped(g0, r.buckets, max_norm), bucket_clipped(g1, r.buckets, max_norm));
+    expect_close(r.grads, want, "bucket_before_allreduce");
+    // Each bucket of the result is the mean of two clipped buckets, so within the per-bucket cap.
+    const double cap = max_norm / std::sqrt(double(r.buckets.size()));
+    for (const auto& b : r.buckets) {
+      std::vector<torch::Tensor> part;
+      for (int64_t i : b) part.push_back(r.grads[i]);
+      EXPECT_LE(norm_of(part), cap * (1 + 1e-5));
+    }
+    EXPECT_LE(norm_of(r.grads), max_norm * (1 + 1e-5));
+    const double local = norm_of(comm->rank() == 0 ? g0 : g1);
+    EXPECT_NEAR(r.stats.grad_norm, local, 1e-4 * local);
   }
 }
 
@@ -233,32 +235,35 @@ TEST(GradientBucketerMpi, LocalClipBeforeAllreduce) {
   BS_RUN_IN_MPI_RANKS();
   auto comm = bs::make_communicator(mpi_config());
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  const auto g0 = reference_grads(0, 1), g1 = reference_grads(1, 1);
-  const double max_norm = 0.5 * std::min(norm_of(g0), norm_of(g1));
-  StepResult r = run_step(*comm, "local_before_allreduce", max_norm, 1, layout);
-  const auto want = mean_of(scaled(g0, max_norm / norm_of(g0)), scaled(g1, max_norm / norm_of(g1)));
-  expect_close(r.grads, want, "local_before_allreduce");
-  EXPECT_EQ(r.stats.launched_in_backward, 0) << "local clipping needs the whole gradient: nothing can overlap";
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    const auto g0 = reference_grads(0, 1), g1 = reference_grads(1, 1);
+    const double max_norm = 0.5 * std::min(norm_of(g0), norm_of(g1));
+    StepResult r = run_step(*comm, "local_before_allreduce", max_norm, 1, layout);
+    const auto want = mean_of(scaled(g0, max_norm / norm_of(g0)), scaled(g1, max_norm / norm_of(g1)));
+    expect_close(r.grads, want, "local_before_allreduce");
+    EXPECT_EQ(r.stats.launched_in_backward, 0) << "local clipping needs the whole gradient: nothing can overlap";
   }
 }
 
 // One process (backend none): clipping still applies, and gradients stay the local ones.
 TEST(GradientBucketerLocal, SingleRankClipModes) {
-  if (bs::test::in_mpi_child()) GTEST_SKIP();
+  if (bs::test::in_mpi_child()) {
+    GTEST_SKIP();
+  }
   bs::DistributedConfig c;
   c.backend = "none";
   auto comm = bs::make_communicator(c);
   for (Layout layout : {Layout::kCopies, Layout::kViews}) {
-  SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
-  const auto g = reference_grads(0, 1);
-  expect_close(run_step(*comm, "none", 1.0, 1, layout).grads, g, "none, 1 rank");
-  const double max_norm = 0.5 * norm_of(g);
-  expect_close(run_step(*comm, "global_after_allreduce", max_norm, 1, layout).grads, scaled(g, 0.5), "global, 1 rank");
-  expect_close(run_step(*comm, "local_before_allreduce", max_norm, 1, layout).grads, scaled(g, 0.5), "local, 1 rank");
-  StepResult r = run_step(*comm, "bucket_before_allreduce", max_norm, 1, layout);
-  expect_close(r.grads, bucket_clipped(g, r.buckets, max_norm), "bucket, 1 rank");
-  EXPECT_EQ(r.stats.comm_seconds, 0.0);
+    SCOPED_TRACE(layout == Layout::kViews ? "buckets as views of the flat buffer" : "buckets with copies");
+    const auto g = reference_grads(0, 1);
+    expect_close(run_step(*comm, "none", 1.0, 1, layout).grads, g, "none, 1 rank");
+    const double max_norm = 0.5 * norm_of(g);
+    expect_close(run_step(*comm, "global_after_allreduce", max_norm, 1, layout).grads, scaled(g, 0.5),
+                 "global, 1 rank");
+    expect_close(run_step(*comm, "local_before_allreduce", max_norm, 1, layout).grads, scaled(g, 0.5), "local, 1 rank");
+    StepResult r = run_step(*comm, "bucket_before_allreduce", max_norm, 1, layout);
+    expect_close(r.grads, bucket_clipped(g, r.buckets, max_norm), "bucket, 1 rank");
+    EXPECT_EQ(r.stats.comm_seconds, 0.0);
   }
 }
 

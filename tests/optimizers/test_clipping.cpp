@@ -50,8 +50,8 @@ TEST(Clipping, BucketClipKeepsWholeGradientWithinMaxNorm) {
   torch::manual_seed(3);
   const double max_norm = 1.0;
   const int64_t n_buckets = 4;
-  std::vector<torch::Tensor> buckets = {torch::randn({1000}) * 5, torch::randn({200}) * 0.001,
-                                        torch::randn({3000}), torch::randn({50}) * 10};
+  std::vector<torch::Tensor> buckets = {torch::randn({1000}) * 5, torch::randn({200}) * 0.001, torch::randn({3000}),
+                                        torch::randn({50}) * 10};
   auto small_before = buckets[1].clone();
   for (auto& b : buckets) {
     const double before = reference_norm({b});

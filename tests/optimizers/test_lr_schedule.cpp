@@ -22,11 +22,11 @@ constexpr double kBase = 2e-3;
 TEST(LrSchedule, PolyWarmupThenMlperfDecay) {
   bs::optim::LrSchedule s(schedule("poly", 10), kBase, 100);
   EXPECT_EQ(s.warmup_steps(), 10);
-  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);               // warmup start
+  EXPECT_DOUBLE_EQ(s.lr_at(0), 0.0);  // warmup start
   EXPECT_DOUBLE_EQ(s.lr_at(5), kBase * 0.5);
   EXPECT_DOUBLE_EQ(s.lr_at(9), kBase * 0.9);
   EXPECT_DOUBLE_EQ(s.lr_at(10), kBase * (1 - 10.0 / 100));  // warmup end: decay runs over the global step
-  EXPECT_DOUBLE_EQ(s.lr_at(100), 0.0);             // decay end
+  EXPECT_DOUBLE_EQ(s.lr_at(100), 0.0);                      // decay end
   EXPECT_DOUBLE_EQ(s.lr_at(250), 0.0);
 }
 
@@ -45,7 +45,7 @@ TEST(LrSchedule, StartWarmupStepOffsetsTheWarmup) {
   EXPECT_DOUBLE_EQ(s.lr_at(0), kBase * 0.3);
   EXPECT_DOUBLE_EQ(s.lr_at(6), kBase * 0.9);
   EXPECT_DOUBLE_EQ(s.lr_at(7), kBase * (1 - 7.0 / 100));
-  c.start_warmup_step = 4;   // nothing before the offset
+  c.start_warmup_step = 4;  // nothing before the offset
   bs::optim::LrSchedule late(c, kBase, 100);
   EXPECT_DOUBLE_EQ(late.lr_at(2), 0.0);
   EXPECT_DOUBLE_EQ(late.lr_at(9), kBase * 0.5);

@@ -16,7 +16,7 @@ using Vec = std::vector<double>;
 struct RefParam {
   std::string name;
   std::vector<int64_t> shape;
-  Vec p, m, v;   // v doubles as SGD's momentum buffer
+  Vec p, m, v;  // v doubles as SGD's momentum buffer
   bool decay = true;
 };
 
@@ -29,8 +29,7 @@ double norm(const Vec& x) {
 double ratio(double w, double u) { return (w > 0 && u > 0) ? w / u : 1.0; }
 
 // One step of the reference optimizer, from the papers' formulas; t counts from 1.
-void reference_step(const bs::OptimizerConfig& c, std::vector<RefParam>& ps, std::vector<Vec> grads, double lr,
-                    int t) {
+void reference_step(const bs::OptimizerConfig& c, std::vector<RefParam>& ps, std::vector<Vec> grads, double lr, int t) {
   const double bc1 = c.bias_correction ? 1 - std::pow(c.beta1, t) : 1.0;
   const double bc2 = c.bias_correction ? 1 - std::pow(c.beta2, t) : 1.0;
   if (c.name == "nvlamb") {  // whole gradient divided by its global norm
@@ -94,8 +93,8 @@ void reference_step(const bs::OptimizerConfig& c, std::vector<RefParam>& ps, std
 // whose gradient is always zero (trust-ratio edge cases inside the normal run).
 std::vector<RefParam> make_reference_params(std::mt19937& rng, const std::vector<std::string>& no_decay) {
   std::vector<std::pair<std::string, std::vector<int64_t>>> shapes = {
-      {"encoder.dense.weight", {7, 5}}, {"encoder.dense.bias", {7}},       {"encoder.LayerNorm.weight", {7}},
-      {"encoder.LayerNorm.bias", {7}},  {"head.weight", {3, 7}},           {"zero_init.weight", {4, 3}},
+      {"encoder.dense.weight", {7, 5}}, {"encoder.dense.bias", {7}}, {"encoder.LayerNorm.weight", {7}},
+      {"encoder.LayerNorm.bias", {7}},  {"head.weight", {3, 7}},     {"zero_init.weight", {4, 3}},
       {"zero_grad.weight", {6}},        {"big.weight", {30, 250}}};  // spans several blocks
   std::normal_distribution<double> N(0, 1);
   std::vector<RefParam> ps;
@@ -193,9 +192,9 @@ void check_against_reference(const Case& cs, torch::Dtype dtype, double tol, bs:
   EXPECT_GT(relative_delta_error(start[0], ref[0].p, start[0]), 0.0);
 }
 
-const std::vector<Case> kCases = {
-    {"adam", true},  {"adam", false}, {"adamw", true}, {"adamw", false}, {"lamb", true},  {"lamb", false},
-    {"nvlamb", true}, {"nvlamb", false}, {"lans", true}, {"lans", false}, {"sgd", true, false}, {"sgd", true, true}};
+const std::vector<Case> kCases = {{"adam", true}, {"adam", false}, {"adamw", true},      {"adamw", false},
+                                  {"lamb", true}, {"lamb", false}, {"nvlamb", true},     {"nvlamb", false},
+                                  {"lans", true}, {"lans", false}, {"sgd", true, false}, {"sgd", true, true}};
 
 TEST(UpdateRules, MatchFloat64ReferenceInFloat64) {
   for (const auto& c : kCases) check_against_reference(c, torch::kDouble, 1e-6, bs::optim::Grouping::flattened);
@@ -229,7 +228,8 @@ void check_against_libtorch(const std::string& name, torch::Dtype dtype, double 
     theirs.push_back(init.clone().requires_grad_(true));
   }
   auto opt = bs::optim::make_optimizer(cfg, ours);
-  TorchOpt torch_opt(theirs, TorchOptions(0.1).betas({cfg.beta1, cfg.beta2}).eps(cfg.eps).weight_decay(cfg.weight_decay));
+  TorchOpt torch_opt(theirs,
+                     TorchOptions(0.1).betas({cfg.beta1, cfg.beta2}).eps(cfg.eps).weight_decay(cfg.weight_decay));
   for (int t = 1; t <= 6; ++t) {
     const double lr = 0.02 * t;
     for (size_t i = 0; i < shapes.size(); ++i) {

@@ -24,9 +24,20 @@ namespace bs::test {
 // `study run` on configs/studies/smoke.yaml with the small dataset and extra --set overrides.
 inline std::vector<std::string> smoke_study(const std::string& dir, const std::string& name,
                                             const std::vector<std::string>& sets) {
-  std::vector<std::string> a = {bertsweep_bin(), "study", "run", "--config", source_dir() + "/configs/studies/smoke.yaml",
-                                "--set", "base.data.dir=" + small_brown_dataset(), "--name", name, "--dir", dir,
-                                "--quiet", "--set", "pruner=none"};
+  std::vector<std::string> a = {bertsweep_bin(),
+                                "study",
+                                "run",
+                                "--config",
+                                source_dir() + "/configs/studies/smoke.yaml",
+                                "--set",
+                                "base.data.dir=" + small_brown_dataset(),
+                                "--name",
+                                name,
+                                "--dir",
+                                dir,
+                                "--quiet",
+                                "--set",
+                                "pruner=none"};
   for (const auto& s : sets) a.insert(a.end(), {"--set", s});
   return a;
 }
@@ -96,7 +107,8 @@ inline std::string folder_fingerprint(const std::string& dir) {
   for (const auto& e : std::filesystem::recursive_directory_iterator(dir))
     if (e.is_regular_file()) {
       std::string body = read_file(e.path().string());
-      fp += e.path().string() + ":" + std::to_string(body.size()) + ":" + std::to_string(std::hash<std::string>{}(body)) + "\n";
+      fp += e.path().string() + ":" + std::to_string(body.size()) + ":" +
+            std::to_string(std::hash<std::string>{}(body)) + "\n";
     }
   return fp;
 }

@@ -40,8 +40,7 @@ class BadInput : public ::testing::Test {
     }
     flock(fd, LOCK_UN);
     close(fd);
-    if (fs::exists(made / "kept"))
-      fs::copy(made / "kept", fs::path(dir_) / "kept", fs::copy_options::recursive);
+    if (fs::exists(made / "kept")) fs::copy(made / "kept", fs::path(dir_) / "kept", fs::copy_options::recursive);
   }
   void SetUp() override {
     ASSERT_TRUE(fs::exists(dir_ + "/kept/study.db")) << "the study to keep unchanged was not made";
@@ -55,7 +54,8 @@ class BadInput : public ::testing::Test {
     std::ofstream(path) << "name: kept\nobjective: samples_to_target\nsampler: random\nn_trials: 2\n"
                         << "base:\n  extends: " << test::source_dir() << "/configs/train/bert-tiny-brown.yaml\n"
                         << "  data: {dir: " << test::small_brown_dataset() << "}\n"
-                        << "space:\n" << space << extra;
+                        << "space:\n"
+                        << space << extra;
     return path;
   }
   static test::RunResult study_run(const std::string& config, const std::vector<std::string>& sets = {}) {
@@ -70,10 +70,10 @@ class BadInput : public ::testing::Test {
 };
 std::string BadInput::dir_;
 
-#define EXPECT_REFUSED(r, code, needle)                                            \
-  do {                                                                             \
-    EXPECT_EQ((r).exit_code, code) << (r).err;                                     \
-    EXPECT_NE((r).err.find(needle), std::string::npos) << "error: " << (r).err;    \
+#define EXPECT_REFUSED(r, code, needle)                                         \
+  do {                                                                          \
+    EXPECT_EQ((r).exit_code, code) << (r).err;                                  \
+    EXPECT_NE((r).err.find(needle), std::string::npos) << "error: " << (r).err; \
   } while (0)
 
 }  // namespace
@@ -136,8 +136,8 @@ TEST_F(BadInput, StudyFileThatIsNotAStudy) {
 // checks that the study is byte for byte as it was).
 TEST_F(BadInput, ExportAndReportNeverWriteIntoAStudyFolder) {
   const std::string bin = test::bertsweep_bin();
-  for (const std::string out : {dir_ + "/kept/study.db", dir_ + "/kept/study.db-wal", dir_ + "/kept/trials/best.yaml",
-                                dir_ + "/kept/x.yaml"}) {
+  for (const std::string& out :
+       {dir_ + "/kept/study.db", dir_ + "/kept/study.db-wal", dir_ + "/kept/trials/best.yaml", dir_ + "/kept/x.yaml"}) {
     auto r = test::run({bin, "study", "export", "kept", "--best", "--dir", dir_, "--out", out});
     EXPECT_REFUSED(r, 7, "study");
     EXPECT_NE(r.err.find(out), std::string::npos) << r.err;
@@ -146,7 +146,8 @@ TEST_F(BadInput, ExportAndReportNeverWriteIntoAStudyFolder) {
   EXPECT_REFUSED(r, 7, "inside the study folder");
   EXPECT_FALSE(fs::exists(dir_ + "/kept/report"));
   // An absolute --out whose folder does not exist is a typo, not a request to create folders at the root.
-  r = test::run({bin, "study", "export", "kept", "--best", "--dir", dir_, "--out", "/nonexistent-bertsweep/dir/x.yaml"});
+  r = test::run(
+      {bin, "study", "export", "kept", "--best", "--dir", dir_, "--out", "/nonexistent-bertsweep/dir/x.yaml"});
   EXPECT_REFUSED(r, 2, "does not exist");
   EXPECT_FALSE(fs::exists("/nonexistent-bertsweep"));
 }
@@ -159,8 +160,8 @@ TEST_F(BadInput, RefusedAndReadOnlyCommandsWriteNothing) {
   EXPECT_EQ(test::run({bin, "study", "status", "kept", "--dir", dir_}).exit_code, 0);
   auto r = test::run({bin, "study", "export", "kept", "--best", "--dir", dir_});
   EXPECT_EQ(r.exit_code, 0) << r.err;
-  EXPECT_REFUSED(test::run({bin, "study", "confirm", "kept", "--seeds", "1", "--dir", dir_, "--set", "bogus.key=1"}),
-                 2, "bogus.key");
+  EXPECT_REFUSED(test::run({bin, "study", "confirm", "kept", "--seeds", "1", "--dir", dir_, "--set", "bogus.key=1"}), 2,
+                 "bogus.key");
   EXPECT_REFUSED(test::run({bin, "study", "confirm", "kept", "--seeds", "1", "--include-unreached", "--dir", dir_,
                             "--set", "model.hidden=abc"}),
                  2, "model.hidden");
@@ -207,8 +208,8 @@ TEST_F(BadInput, LauncherThatWouldRunSomethingElseIsRefused) {
   EXPECT_REFUSED(study_run(write_config("prolog.yaml", good_space(),
                                         "launcher: {kind: srun, extra_args: ['--task-prolog=/tmp/evil']}\n")),
                  2, "--task-prolog");
-  EXPECT_REFUSED(study_run(write_config("host.yaml", good_space(), "launcher: {kind: mpirun, hostfile: '$(id)'}\n")),
-                 2, "hostfile");
+  EXPECT_REFUSED(study_run(write_config("host.yaml", good_space(), "launcher: {kind: mpirun, hostfile: '$(id)'}\n")), 2,
+                 "hostfile");
   // The launcher itself: argument vectors through execve/execvpe, never a shell.
   std::string src = test::read_file(test::source_dir() + "/search/TrialLauncher.cpp");
   ASSERT_FALSE(src.empty());
@@ -223,8 +224,8 @@ class BadTrainingInput : public ::testing::Test {
   std::vector<std::string> train(const std::string& data, const std::vector<std::string>& sets) {
     std::vector<std::string> a = {test::bertsweep_bin(), "train", "--config",
                                   test::source_dir() + "/configs/train/bert-tiny-brown.yaml", "--quiet"};
-    std::vector<std::string> all = {"data.dir=" + data, "target.max_samples=64", "target.eval_every_samples=32",
-                                    "data.eval_samples=32", "batch.global=16", "batch.micro=16"};
+    std::vector<std::string> all = {"data.dir=" + data,     "target.max_samples=64", "target.eval_every_samples=32",
+                                    "data.eval_samples=32", "batch.global=16",       "batch.micro=16"};
     all.insert(all.end(), sets.begin(), sets.end());
     for (const auto& s : all) a.insert(a.end(), {"--set", s});
     return a;
@@ -248,13 +249,13 @@ TEST_F(BadTrainingInput, VocabSmallerThanTheData) {
 
 TEST_F(BadTrainingInput, CheckpointOfAnotherModel) {
   std::string ckpt = test::make_temp_dir("rel-ckpt");
-  auto first = test::run(train(test::small_brown_dataset(), {"checkpoint.dir=" + ckpt, "checkpoint.every_samples=32"}),
-                         180);
+  auto first =
+      test::run(train(test::small_brown_dataset(), {"checkpoint.dir=" + ckpt, "checkpoint.every_samples=32"}), 180);
   ASSERT_EQ(first.exit_code, 0) << first.err;
   ASSERT_FALSE(fs::is_empty(ckpt)) << "no checkpoint written";
   std::string before = test::folder_fingerprint(ckpt);
-  std::vector<std::string> resume = train(test::small_brown_dataset(), {"checkpoint.dir=" + ckpt, "model.hidden=64",
-                                                                        "model.intermediate=256"});
+  std::vector<std::string> resume =
+      train(test::small_brown_dataset(), {"checkpoint.dir=" + ckpt, "model.hidden=64", "model.intermediate=256"});
   resume.push_back("--resume");
   auto r = test::run(resume, 180);
   EXPECT_REFUSED(r, 3, ckpt);

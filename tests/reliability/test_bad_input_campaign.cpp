@@ -25,9 +25,9 @@
 #include <set>
 
 #include "ReliabilityUtil.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 using namespace bs;
 namespace fs = std::filesystem;
@@ -104,7 +104,8 @@ class Campaign : public ::testing::TestWithParam<int> {
     if (r.exit_code != c.expected) {
       ++t.wrong_code;
       ok = false;
-      ADD_FAILURE() << c.name << ": exit " << r.exit_code << ", documented " << c.expected << "\n" << r.err.substr(0, 800);
+      ADD_FAILURE() << c.name << ": exit " << r.exit_code << ", documented " << c.expected << "\n"
+                    << r.err.substr(0, 800);
     }
     if (r.err.find(c.needle) == std::string::npos) {
       ++t.unnamed;
@@ -133,8 +134,9 @@ class Campaign : public ::testing::TestWithParam<int> {
 
 // The key's type from the default config's YAML: int, double, bool, enum string, free string or list.
 std::string kind_of(const std::string& key, const YAML::Node& defaults) {
-  static const std::set<std::string> enums = {"data.sampler",  "optimizer.name", "schedule.name",       "clip.mode",
-                                              "distributed.backend", "distributed.grad_dtype", "device", "precision"};
+  static const std::set<std::string> enums = {
+      "data.sampler",        "optimizer.name",         "schedule.name", "clip.mode",
+      "distributed.backend", "distributed.grad_dtype", "device",        "precision"};
   if (enums.count(key)) return "enum";
   const std::string text = yaml::scalar_at(defaults, key);
   if (key == "data.strata") return "int_list";
@@ -146,11 +148,11 @@ std::string kind_of(const std::string& key, const YAML::Node& defaults) {
 }
 
 // Integer keys whose default is written without a fraction but that are numbers (doubles) in the schema.
-const std::set<std::string> kDoubleKeys = {"optimizer.lr",        "optimizer.beta1",        "optimizer.beta2",
-                                           "optimizer.eps",       "optimizer.weight_decay", "optimizer.momentum",
-                                           "schedule.warmup_fraction", "schedule.power",    "schedule.end_lr",
-                                           "clip.max_norm",       "clip.bucket_mb",         "distributed.timeout_s",
-                                           "target.mlm_accuracy", "model.dropout"};
+const std::set<std::string> kDoubleKeys = {
+    "optimizer.lr",           "optimizer.beta1",    "optimizer.beta2",          "optimizer.eps",
+    "optimizer.weight_decay", "optimizer.momentum", "schedule.warmup_fraction", "schedule.power",
+    "schedule.end_lr",        "clip.max_norm",      "clip.bucket_mb",           "distributed.timeout_s",
+    "target.mlm_accuracy",    "model.dropout"};
 
 }  // namespace
 
@@ -159,15 +161,18 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
   const auto budget_start = std::chrono::steady_clock::now();
   std::vector<Case> cases;
   auto config_case = [&](const std::string& key, const std::string& value) {
-    cases.push_back({"--set " + key + "=" + value, {"train", "--config", tiny_, "--set", key + "=" + value,
-                     "--print-config"}, exit_code::kUsage, key});
+    cases.push_back({"--set " + key + "=" + value,
+                     {"train", "--config", tiny_, "--set", key + "=" + value, "--print-config"},
+                     exit_code::kUsage,
+                     key});
   };
   // 1. Every training key, with values its type or range refuses.
   const YAML::Node defaults = TrainConfig().to_yaml();
   for (const auto& key : TrainConfig::keys()) {
     std::string kind = kDoubleKeys.count(key) ? "double" : kind_of(key, defaults);
     std::vector<std::string> bad;
-    if (kind == "int") bad = {"abc", "1.5", "99999999999999999999", "-9223372036854775809", "[1, 2]", "{a: 1}", "-5", "nan"};
+    if (kind == "int")
+      bad = {"abc", "1.5", "99999999999999999999", "-9223372036854775809", "[1, 2]", "{a: 1}", "-5", "nan"};
     if (kind == "double") bad = {"abc", "nan", "inf", "-inf", "1e999", "[0.1]", "-5"};
     if (kind == "bool") bad = {"maybe", "2", "[true]"};
     if (kind == "enum") bad = {"bogus", "[adam]", "ADAM_"};
@@ -177,21 +182,32 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
   }
   // Keys that do not exist, and consistency between keys.
   for (const char* k : {"optimizer.lrr", "model.hiden", "batch.size", "threds", "precison", "data.sampler.kind"})
-    cases.push_back({std::string("unknown key ") + k, {"train", "--config", tiny_, "--set", std::string(k) + "=1",
-                     "--print-config"}, exit_code::kUsage, k});
-  cases.push_back({"micro > global", {"train", "--config", tiny_, "--set", "batch.micro=64", "--print-config"},
-                   exit_code::kUsage, "batch.micro"});
-  cases.push_back({"heads not dividing hidden", {"train", "--config", tiny_, "--set", "model.heads=3",
-                   "--print-config"}, exit_code::kUsage, "model.heads"});
-  cases.push_back({"seq_len above max_position", {"train", "--config", tiny_, "--set", "model.max_position=64",
-                   "--print-config"}, exit_code::kUsage, "max_position"});
-  cases.push_back({"threads above the cores", {"train", "--config", tiny_, "--set", "threads=1000"},
-                   exit_code::kUsage, "threads"});
-  cases.push_back({"model too large for memory", {"train", "--config", tiny_, "--set", "model.hidden=16384",
-                   "--set", "model.layers=512", "--set", "model.heads=16"}, exit_code::kUsage, "GiB"});
+    cases.push_back({std::string("unknown key ") + k,
+                     {"train", "--config", tiny_, "--set", std::string(k) + "=1", "--print-config"},
+                     exit_code::kUsage,
+                     k});
+  cases.push_back({"micro > global",
+                   {"train", "--config", tiny_, "--set", "batch.micro=64", "--print-config"},
+                   exit_code::kUsage,
+                   "batch.micro"});
+  cases.push_back({"heads not dividing hidden",
+                   {"train", "--config", tiny_, "--set", "model.heads=3", "--print-config"},
+                   exit_code::kUsage,
+                   "model.heads"});
+  cases.push_back({"seq_len above max_position",
+                   {"train", "--config", tiny_, "--set", "model.max_position=64", "--print-config"},
+                   exit_code::kUsage,
+                   "max_position"});
+  cases.push_back(
+      {"threads above the cores", {"train", "--config", tiny_, "--set", "threads=1000"}, exit_code::kUsage, "threads"});
+  cases.push_back({"model too large for memory",
+                   {"train", "--config", tiny_, "--set", "model.hidden=16384", "--set", "model.layers=512", "--set",
+                    "model.heads=16"},
+                   exit_code::kUsage,
+                   "GiB"});
   cases.push_back({"device cuda", {"train", "--config", tiny_, "--set", "device=cuda"}, exit_code::kUsage, "device"});
-  cases.push_back({"fp16 on the CPU", {"train", "--config", tiny_, "--set", "precision=fp16"}, exit_code::kUsage,
-                   "precision"});
+  cases.push_back(
+      {"fp16 on the CPU", {"train", "--config", tiny_, "--set", "precision=fp16"}, exit_code::kUsage, "precision"});
 
   // 2. Config files that are not files, or not YAML.
   fs::create_directories(dir_ + "/a-folder");
@@ -201,15 +217,24 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
   std::ofstream(dir_ + "/broken.yaml") << "model: {hidden: [1, 2\n";
   std::ofstream(dir_ + "/extends-folder.yaml") << "extends: a-folder\n";
   std::ofstream(dir_ + "/extends-missing.yaml") << "extends: nowhere.yaml\n";
-  for (const auto& [name, needle] : std::vector<std::pair<std::string, std::string>>{
-           {"a-folder", "folder"}, {"a-fifo", "not a regular file"}, {"missing.yaml", "not found"},
-           {"dupe.yaml", "twice"}, {"list.yaml", "mapping"}, {"broken.yaml", "broken.yaml"},
-           {"extends-folder.yaml", "folder"}, {"extends-missing.yaml", "nowhere.yaml"}}) {
-    cases.push_back({"train --config " + name, {"train", "--config", dir_ + "/" + name}, exit_code::kUsage, needle, 30});
-    if (name == "a-folder" || name == "a-fifo" || name == "missing.yaml" || name == "dupe.yaml" || name == "broken.yaml")
+  for (const auto& [name, needle] :
+       std::vector<std::pair<std::string, std::string>>{{"a-folder", "folder"},
+                                                        {"a-fifo", "not a regular file"},
+                                                        {"missing.yaml", "not found"},
+                                                        {"dupe.yaml", "twice"},
+                                                        {"list.yaml", "mapping"},
+                                                        {"broken.yaml", "broken.yaml"},
+                                                        {"extends-folder.yaml", "folder"},
+                                                        {"extends-missing.yaml", "nowhere.yaml"}}) {
+    cases.push_back(
+        {"train --config " + name, {"train", "--config", dir_ + "/" + name}, exit_code::kUsage, needle, 30});
+    if (name == "a-folder" || name == "a-fifo" || name == "missing.yaml" || name == "dupe.yaml" ||
+        name == "broken.yaml")
       cases.push_back({"study run --config " + name,
-                       {"study", "run", "--config", dir_ + "/" + name, "--dir", dir_ + "/studies"}, exit_code::kUsage,
-                       needle, 30});
+                       {"study", "run", "--config", dir_ + "/" + name, "--dir", dir_ + "/studies"},
+                       exit_code::kUsage,
+                       needle,
+                       30});
   }
 
   // 3. Damaged data: each case is validated by `data inspect --check` and refused by `train` with exit 3.
@@ -220,33 +245,70 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
     write_shard(dirpath + "/" + file, d);
   };
   std::vector<std::tuple<std::string, std::function<void(const std::string&)>, std::string>> damages = {
-      {"negative-input-id", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_ids[3][5] = -1; }); }, "input_ids"},
-      {"input-id-past-vocab", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_ids[3][5] = 999999; }); }, "input_ids"},
-      {"segment-2", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.segment_ids[1][2] = 2; }); }, "segment_ids"},
-      {"segment-negative", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.segment_ids[1][2] = -1; }); }, "segment_ids"},
-      {"nsp-label-2", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.next_sentence_labels[4] = 2; }); }, "next_sentence_labels"},
-      {"masked-id-negative", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.masked_lm_ids[0][0] = -3; }); }, "masked_lm_ids"},
-      {"masked-position-past-seq", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.masked_lm_positions[0][0] = 4096; }); }, "masked_lm_positions"},
-      {"mask-value-7", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_mask[2][0] = 7; }); }, "input_mask"},
-      {"all-zero-mask", [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_mask[2].zero_(); }); }, "input_mask"},
-      {"eval-segment-2", [&](const std::string& d) { with_shard(d, "eval.hdf5", [](ShardData& s) { s.segment_ids[0][1] = 2; }); }, "eval.hdf5"},
-      {"truncated-shard", [](const std::string& d) { fs::resize_file(d + "/train_00000.hdf5", fs::file_size(d + "/train_00000.hdf5") / 3); }, "train_00000.hdf5"},
-      {"zero-byte-shard", [](const std::string& d) { fs::resize_file(d + "/train_00000.hdf5", 0); }, "train_00000.hdf5"},
+      {"negative-input-id",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_ids[3][5] = -1; }); },
+       "input_ids"},
+      {"input-id-past-vocab",
+       [&](const std::string& d) {
+         with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_ids[3][5] = 999999; });
+       },
+       "input_ids"},
+      {"segment-2",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.segment_ids[1][2] = 2; }); },
+       "segment_ids"},
+      {"segment-negative",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.segment_ids[1][2] = -1; }); },
+       "segment_ids"},
+      {"nsp-label-2",
+       [&](const std::string& d) {
+         with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.next_sentence_labels[4] = 2; });
+       },
+       "next_sentence_labels"},
+      {"masked-id-negative",
+       [&](const std::string& d) {
+         with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.masked_lm_ids[0][0] = -3; });
+       },
+       "masked_lm_ids"},
+      {"masked-position-past-seq",
+       [&](const std::string& d) {
+         with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.masked_lm_positions[0][0] = 4096; });
+       },
+       "masked_lm_positions"},
+      {"mask-value-7",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_mask[2][0] = 7; }); },
+       "input_mask"},
+      {"all-zero-mask",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_mask[2].zero_(); }); },
+       "input_mask"},
+      {"eval-segment-2",
+       [&](const std::string& d) { with_shard(d, "eval.hdf5", [](ShardData& s) { s.segment_ids[0][1] = 2; }); },
+       "eval.hdf5"},
+      {"truncated-shard",
+       [](const std::string& d) {
+         fs::resize_file(d + "/train_00000.hdf5", fs::file_size(d + "/train_00000.hdf5") / 3);
+       },
+       "train_00000.hdf5"},
+      {"zero-byte-shard", [](const std::string& d) { fs::resize_file(d + "/train_00000.hdf5", 0); },
+       "train_00000.hdf5"},
       {"missing-shard", [](const std::string& d) { fs::remove(d + "/train_00000.hdf5"); }, "train_00000.hdf5"},
       {"missing-eval", [](const std::string& d) { fs::remove(d + "/eval.hdf5"); }, "eval.hdf5"},
-      {"vocab-without-mask", [](const std::string& d) {
+      {"vocab-without-mask",
+       [](const std::string& d) {
          std::ifstream in(d + "/vocab.txt");
          std::string all, line;
          while (std::getline(in, line)) all += (line == "[MASK]" ? "[MASQUE]" : line) + "\n";
          in.close();
          std::ofstream(d + "/vocab.txt") << all;
-       }, "[MASK]"},
-      {"meta-count-mismatch", [](const std::string& d) {
+       },
+       "[MASK]"},
+      {"meta-count-mismatch",
+       [](const std::string& d) {
          std::string meta = test::read_file(d + "/meta.yaml");
          auto at = meta.find("train_instances: ");
          meta.insert(at + 17, "9");
          std::ofstream(d + "/meta.yaml") << meta;
-       }, "meta.yaml"},
+       },
+       "meta.yaml"},
   };
   std::set<std::string> damaged_made;
   for (const auto& [name, damage, needle] : damages) {
@@ -255,21 +317,33 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
       if (damaged_made.insert(name).second) damaged_copy(name, damage);
       return ::testing::AssertionSuccess();
     };
-    cases.push_back({"data inspect --check " + name, {"data", "inspect", d, "--check"}, exit_code::kData, needle,
-                     60, "data " + name, make});
-    cases.push_back({"train on " + name, {"train", "--config", tiny_, "--set", "data.dir=" + d}, exit_code::kData,
-                     needle, 120, "data " + name, make});
+    cases.push_back({"data inspect --check " + name,
+                     {"data", "inspect", d, "--check"},
+                     exit_code::kData,
+                     needle,
+                     60,
+                     "data " + name,
+                     make});
+    cases.push_back({"train on " + name,
+                     {"train", "--config", tiny_, "--set", "data.dir=" + d},
+                     exit_code::kData,
+                     needle,
+                     120,
+                     "data " + name,
+                     make});
   }
 
   // 4. `data prepare` flags out of range, and outputs it must not replace.
-  const std::vector<std::string> prep = {"data", "prepare", "--corpus", "brown", "--vocab-size", "500", "--max-docs", "20"};
+  const std::vector<std::string> prep = {"data",         "prepare", "--corpus",   "brown",
+                                         "--vocab-size", "500",     "--max-docs", "20"};
   auto prepare_case = [&](const std::string& name, std::vector<std::string> extra, const std::string& needle) {
     std::vector<std::string> argv = prep;
     argv.insert(argv.end(), extra.begin(), extra.end());
     cases.push_back({"data prepare " + name, argv, exit_code::kUsage, needle, 120});
   };
   prepare_case("--seq-len 2147483648", {"--seq-len", "2147483648", "--out", dir_ + "/p1"}, "--seq-len");
-  prepare_case("--seq-len 99999999999999999999", {"--seq-len", "99999999999999999999", "--out", dir_ + "/p1"}, "--seq-len");
+  prepare_case("--seq-len 99999999999999999999", {"--seq-len", "99999999999999999999", "--out", dir_ + "/p1"},
+               "--seq-len");
   prepare_case("--dupe-factor 1000000000", {"--dupe-factor", "1000000000", "--out", dir_ + "/p1"}, "--dupe-factor");
   prepare_case("--masked-lm-prob nan", {"--masked-lm-prob", "nan", "--out", dir_ + "/p1"}, "--masked-lm-prob");
   prepare_case("--short-seq-prob -0.5", {"--short-seq-prob", "-0.5", "--out", dir_ + "/p1"}, "--short-seq-prob");
@@ -285,16 +359,19 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
   const std::string db = dir_ + "/studies/kept/study.db";
   std::vector<std::pair<std::string, std::function<void(const std::string&)>>> study_damages = {
       {"zero", [](const std::string& p) { std::ofstream(p).close(); }},
-      {"random", [](const std::string& p) {
+      {"random",
+       [](const std::string& p) {
          std::mt19937 g(3);
          std::ofstream o(p, std::ios::binary);
          for (int i = 0; i < 8192; ++i) o.put(static_cast<char>(g() & 0xff));
        }},
-      {"truncated", [&](const std::string& p) {
+      {"truncated",
+       [&](const std::string& p) {
          fs::copy_file(db, p);
          fs::resize_file(p, 2048);  // half of the first page
        }},
-      {"foreign", [](const std::string& p) {
+      {"foreign",
+       [](const std::string& p) {
          std::ofstream o(p, std::ios::binary);
          o << "SQLite format 3";
          o.put('\0');
@@ -315,24 +392,32 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
       cases.push_back({cmd[0] + " " + cmd[1] + " on a " + name + " study.db", cmd, exit_code::kStudy, "study.db"});
     }
   }
-  for (const std::string out : {db, db + "-wal", dir_ + "/studies/kept/trials/x.yaml", dir_ + "/studies/kept/y.yaml"})
-    cases.push_back({"export --out " + out, {"study", "export", "kept", "--dir", dir_ + "/studies", "--out", out},
-                     exit_code::kStudy, out});
-  cases.push_back({"report --out inside the study", {"report", "kept", "--dir", dir_ + "/studies", "--out",
-                   dir_ + "/studies/kept/r"}, exit_code::kStudy, "inside the study folder"});
+  for (const std::string& out : {db, db + "-wal", dir_ + "/studies/kept/trials/x.yaml", dir_ + "/studies/kept/y.yaml"})
+    cases.push_back({"export --out " + out,
+                     {"study", "export", "kept", "--dir", dir_ + "/studies", "--out", out},
+                     exit_code::kStudy,
+                     out});
+  cases.push_back({"report --out inside the study",
+                   {"report", "kept", "--dir", dir_ + "/studies", "--out", dir_ + "/studies/kept/r"},
+                   exit_code::kStudy,
+                   "inside the study folder"});
   for (const char* name : {"../kept", "kept/..", "a b", "", ".."})
     for (const char* sub : {"status", "export"})
       cases.push_back({std::string("study ") + sub + " name '" + name + "'",
-                       {"study", sub, name, "--dir", dir_ + "/studies"}, std::string(sub) == "status" ? 2 : 7,
+                       {"study", sub, name, "--dir", dir_ + "/studies"},
+                       std::string(sub) == "status" ? 2 : 7,
                        "study name"});
 
   // 6. Search spaces with values their key refuses: refused before the first trial.
   auto space_case = [&](const std::string& name, const std::string& space) {
     const std::string path = dir_ + "/space-" + std::to_string(cases.size()) + ".yaml";
     std::ofstream(path) << "name: space\nobjective: samples_to_target\nsampler: random\nn_trials: 2\n"
-                        << "base:\n  extends: " << tiny_ << "\nspace:\n" << space;
-    cases.push_back({"space " + name, {"study", "run", "--config", path, "--dir", dir_ + "/space-studies"},
-                     exit_code::kUsage, name.substr(0, name.find(' '))});
+                        << "base:\n  extends: " << tiny_ << "\nspace:\n"
+                        << space;
+    cases.push_back({"space " + name,
+                     {"study", "run", "--config", path, "--dir", dir_ + "/space-studies"},
+                     exit_code::kUsage,
+                     name.substr(0, name.find(' '))});
   };
   space_case("optimizer.name rmsprop", "  optimizer.name: {choice: [adamw, rmsprop]}\n");
   space_case("batch.global 0 and -16", "  batch.global: {choice: [0, -16]}\n");
@@ -353,8 +438,9 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
     auto first =
         test::run({test::bertsweep_bin(), "train", "--config", tiny_, "--set", "checkpoint.dir=" + ck, "--quiet"}, 180);
     if (first.exit_code != 0)
-      return ::testing::AssertionFailure() << "the training run for the checkpoint cases: exit " << first.exit_code
-                                           << "\n" << first.err;
+      return ::testing::AssertionFailure()
+             << "the training run for the checkpoint cases: exit " << first.exit_code << "\n"
+             << first.err;
     ck_trained = true;
     return ::testing::AssertionSuccess();
   };
@@ -365,25 +451,31 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
     return d + "/" + prefix + "-missing";
   };
   std::vector<std::tuple<std::string, std::function<void(const std::string&)>, std::string>> ck_damages = {
-      {"random-checkpoint", [&](const std::string& d) {
+      {"random-checkpoint",
+       [&](const std::string& d) {
          std::mt19937 g(9);
          std::ofstream o(file_in(d, "checkpoint-"), std::ios::binary);
          for (int i = 0; i < 4096; ++i) o.put(static_cast<char>(g() & 0xff));
-       }, "checkpoint-"},
-      {"flipped-byte", [&](const std::string& d) {
+       },
+       "checkpoint-"},
+      {"flipped-byte",
+       [&](const std::string& d) {
          std::fstream f(file_in(d, "checkpoint-"), std::ios::in | std::ios::out | std::ios::binary);
          f.seekp(1000);
          f.put('\x5a');
-       }, "checkpoint-"},
+       },
+       "checkpoint-"},
       {"truncated-rng", [&](const std::string& d) { fs::resize_file(file_in(d, "rng-"), 10); }, "-rank0.pt"},
       {"missing-rng", [&](const std::string& d) { fs::remove(file_in(d, "rng-")); }, "-rank0.pt"},
       {"missing-model", [&](const std::string& d) { fs::remove(file_in(d, "checkpoint-")); }, "checkpoint-"},
       {"missing-manifest", [](const std::string& d) { fs::remove(d + "/checksums.txt"); }, "checksums.txt"},
-      {"damaged-manifest", [](const std::string& d) {
+      {"damaged-manifest",
+       [](const std::string& d) {
          std::string m = test::read_file(d + "/checksums.txt");
          m[3] = 'z';
          std::ofstream(d + "/checksums.txt") << m;
-       }, "checksums.txt"},
+       },
+       "checksums.txt"},
   };
   for (const auto& [name, damage, needle] : ck_damages) {
     const std::string d = dir_ + "/ck-" + name;
@@ -394,8 +486,13 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
       damage(d);
       return ::testing::AssertionSuccess();
     };
-    cases.push_back({"resume from " + name, {"train", "--config", tiny_, "--set", "checkpoint.dir=" + d, "--resume"},
-                     exit_code::kData, needle, 120, "checkpoint", make});
+    cases.push_back({"resume from " + name,
+                     {"train", "--config", tiny_, "--set", "checkpoint.dir=" + d, "--resume"},
+                     exit_code::kData,
+                     needle,
+                     120,
+                     "checkpoint",
+                     make});
   }
 
   // Deal the cases: round-robin over groups, a case without a group being a group of its own.
@@ -430,11 +527,10 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
       ++t.destroyed;
       ADD_FAILURE() << "the " << name << " study.db was changed by a command that refused it";
     }
-  const double minutes =
-      std::chrono::duration<double>(std::chrono::steady_clock::now() - budget_start).count() / 60.0;
+  const double minutes = std::chrono::duration<double>(std::chrono::steady_clock::now() - budget_start).count() / 60.0;
   std::cout << "bad-input campaign shard " << shard << " of " << kShards << " (of " << cases.size()
-            << " cases in all; the shards' counts add up): " << t.cases << " cases in " << minutes << " min: "
-            << t.as_documented << " as documented, " << t.wrong_code << " wrong exit code, " << t.unnamed
+            << " cases in all; the shards' counts add up): " << t.cases << " cases in " << minutes
+            << " min: " << t.as_documented << " as documented, " << t.wrong_code << " wrong exit code, " << t.unnamed
             << " message not naming it, " << t.backtraces << " backtraces, " << t.hangs << " hangs, " << t.destroyed
             << " destroyed data\n"
             << "  set-up " << setup_s_ << " s (dataset copy + 1-trial study), inputs " << prepare_s << " s, cases "

@@ -15,11 +15,11 @@ TEST(Concurrency, ParallelTrialsWithFrequentEventsStoreEveryEventOnce) {
   std::string db = dir + "/load/study.db";
   // mpirun with one rank: the events come on the trial's stdout, and the controller keeps a copy of every
   // line in trials/NNNN/stdout.log, which is what the stored rows are counted against.
-  auto argv = test::smoke_study(dir, "load",
-                                {"n_trials=4", "parallel=2", "launcher.kind=mpirun", "launcher.ranks=1",
-                                 "base.target.mlm_accuracy=0.99", "base.target.max_samples=384",
-                                 "base.target.eval_every_samples=16", "base.data.eval_samples=16",
-                                 "base.batch.micro=16"});
+  auto argv =
+      test::smoke_study(dir, "load",
+                        {"n_trials=4", "parallel=2", "launcher.kind=mpirun", "launcher.ranks=1",
+                         "base.target.mlm_accuracy=0.99", "base.target.max_samples=384",
+                         "base.target.eval_every_samples=16", "base.data.eval_samples=16", "base.batch.micro=16"});
   pid_t ctl = test::spawn(argv, dir + "/controller.log");
   std::atomic<bool> stop{false};
   std::atomic<int> reads{0}, read_failures{0};

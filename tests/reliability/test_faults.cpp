@@ -117,8 +117,9 @@ TEST(Faults, ControllerKilledDuringATrialThenResumeCompletes) {
 // non-zero exit and an error, the file is intact, and after space is freed `study resume` completes.
 TEST(Faults, DiskFullStopsTheControllerCleanlyAndResumeCompletes) {
   std::string dir = test::make_temp_dir("rel-diskfull");
-  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=48m") != 0)
+  if (mount("tmpfs", dir.c_str(), "tmpfs", 0, "size=48m") != 0) {
     GTEST_SKIP() << "cannot mount a tmpfs here (" << std::strerror(errno) << "; needs root / CAP_SYS_ADMIN)";
+  }
   struct Unmount {
     std::string d;
     ~Unmount() { umount2(d.c_str(), MNT_DETACH); }
@@ -174,7 +175,9 @@ TEST(Faults, KilledMpiRankEndsTheRunInsteadOfHanging) {
                         std::string("batch.micro=8"), std::string("threads=1")})
     argv.insert(argv.end(), {"--set", s});
   argv.insert(argv.end(), {"--events", events, "--quiet"});
-  if (!fs::exists(argv[0])) GTEST_SKIP() << "no /usr/bin/mpirun";
+  if (!fs::exists(argv[0])) {
+    GTEST_SKIP() << "no /usr/bin/mpirun";
+  }
   pid_t mpirun = test::spawn(argv, dir + "/mpirun.log");
   // The ranks: children of mpirun, once training has produced an eval.
   std::vector<pid_t> ranks;

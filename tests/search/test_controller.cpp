@@ -17,7 +17,7 @@
 #include <thread>
 
 #include "TestUtil.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "common/TrainConfig.h"
 #include "search/Controller.h"
 #include "search/OptunaBridge.h"
@@ -67,10 +67,12 @@ std::string make_script(const std::string& dir) {
 
 StudyConfig study(const std::string& layers, const std::string& extra) {
   return StudyConfig::from_yaml(
-      YAML::Load("name: ctl\nseed: 1\n" + std::string(extra.find("sampler") == std::string::npos ? "sampler: grid\n" : "") +
+      YAML::Load("name: ctl\nseed: 1\n" +
+                 std::string(extra.find("sampler") == std::string::npos ? "sampler: grid\n" : "") +
                  (extra.find("pruner") == std::string::npos ? "pruner: none\n" : "") +
                  "base: {target: {max_samples: 4000, eval_every_samples: 250}}\n"
-                 "space:\n  model.layers: {choice: " + layers + "}\n" + extra),
+                 "space:\n  model.layers: {choice: " +
+                 layers + "}\n" + extra),
       "test");
 }
 
@@ -84,8 +86,7 @@ ControllerOptions quiet_options(const std::string& dir, const std::string& scrip
 
 std::map<int64_t, TrialRecord> by_layers(const std::string& db) {
   std::map<int64_t, TrialRecord> out;
-  for (auto& t : StudyStore(db).trials())
-    out[YAML::Load(t.config_yaml)["model"]["layers"].as<int64_t>()] = t;
+  for (auto& t : StudyStore(db).trials()) out[YAML::Load(t.config_yaml)["model"]["layers"].as<int64_t>()] = t;
   return out;
 }
 
@@ -212,7 +213,9 @@ TEST(Controller, ResumesAfterTheControllerIsKilled) {
     }
     complete += t.state == "COMPLETE";
   }
-  if (was_running) EXPECT_GE(died, 1);
+  if (was_running) {
+    EXPECT_GE(died, 1);
+  }
   EXPECT_EQ(complete, 6);  // re-queued trials ran again: 6 trials' worth of results
   OptunaBridge b(db, cfg);
   for (const auto& info : b.trials()) EXPECT_NE(info.state, "RUNNING");
@@ -320,7 +323,8 @@ TEST(Controller, GpuLauncherKeysAreCheckedWithFileLineKeyAndFix) {
   std::string e = config_error(kGpuStudy + "launcher: {gpus: [0, 1], gpus_per_trial: 1}\nparallel: 3\n");
   EXPECT_NE(e.find("g.yaml:7: parallel (3) x launcher.gpus_per_trial (1) needs 3 GPUs but launcher.gpus lists 2 "
                    "(0,1); lower parallel or gpus_per_trial, or list more GPUs"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   e = config_error(kGpuStudy + "launcher: {gpus: [0, 1, 2, 3], gpus_per_trial: 2}\nparallel: 4\n");
   EXPECT_NE(e.find("needs 8 GPUs but launcher.gpus lists 4 (0,1,2,3)"), std::string::npos) << e;
   e = config_error(kGpuStudy + "launcher:\n  gpus_per_trial: -1\n");
@@ -336,7 +340,8 @@ TEST(Controller, GpuLauncherKeysAreCheckedWithFileLineKeyAndFix) {
   e = config_error(kGpuStudy + "launcher:\n  kind: local\n  gpu_per_trial: 1\n");
   EXPECT_NE(e.find("g.yaml:9: unknown key 'launcher.gpu_per_trial' (known: kind, ranks, hostfile, extra_args, "
                    "gpus_per_trial, gpus, cpus_per_trial, nodes"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   // GPU trials run with device=cuda: a base that insists on the CPU, or a searched device, contradicts that.
   e = config_error(kGpuStudy + "launcher: {gpus_per_trial: 1}\n", {"base.device=cpu"});
   EXPECT_NE(e.find("base training config says device: cpu"), std::string::npos) << e;
@@ -379,15 +384,19 @@ TEST(Controller, PlacesParallelTrialsOnDisjointGpusAndStoresTheAssignment) {
   std::string script = make_script(dir);
   fs::create_directories(dir + "/locks");
   std::string wrapper = dir + "/gpu-trial.sh";
-  std::ofstream(wrapper) << "#!/bin/sh\n"
-                            "d=$(dirname \"$3\")\n"
-                            "echo \"$CUDA_VISIBLE_DEVICES\" > \"$d/gpus.txt\"\n"
-                            "echo \"$*\" > \"$d/args.txt\"\n"
-                            "lock=" + dir + "/locks/gpu$CUDA_VISIBLE_DEVICES\n"
-                            "mkdir \"$lock\" 2>/dev/null || { echo \"GPU $CUDA_VISIBLE_DEVICES taken\" >&2; exit 5; }\n"
-                            + script + " \"$@\"; rc=$?\n"
-                            "rmdir \"$lock\"\n"
-                            "exit $rc\n";
+  std::ofstream(wrapper)
+      << "#!/bin/sh\n"
+         "d=$(dirname \"$3\")\n"
+         "echo \"$CUDA_VISIBLE_DEVICES\" > \"$d/gpus.txt\"\n"
+         "echo \"$*\" > \"$d/args.txt\"\n"
+         "lock=" +
+             dir +
+             "/locks/gpu$CUDA_VISIBLE_DEVICES\n"
+             "mkdir \"$lock\" 2>/dev/null || { echo \"GPU $CUDA_VISIBLE_DEVICES taken\" >&2; exit 5; }\n" +
+             script +
+             " \"$@\"; rc=$?\n"
+             "rmdir \"$lock\"\n"
+             "exit $rc\n";
   fs::permissions(wrapper, fs::perms::owner_all);
   setenv("SLOW", "1", 1);  // trials of ~1.6 s, so that two run at once
   Controller c(StudyConfig::from_yaml(YAML::Load(kGpuStudy + "n_trials: 4\nparallel: 2\nlauncher: {gpus: [0, 1], "
@@ -451,7 +460,8 @@ TEST(Controller, TooFewVisibleGpusStopTheStudyBeforeAnyTrialAtStartAndResume) {
   std::string e = error_of(cfg);
   EXPECT_NE(e.find("g.yaml: parallel (2) x launcher.gpus_per_trial (1) needs 2 GPUs but 1 GPU(s) are visible (0) "
                    "in CUDA_VISIBLE_DEVICES='0'"),
-            std::string::npos) << e;
+            std::string::npos)
+      << e;
   EXPECT_FALSE(fs::exists(dir + "/g/study.db"));  // nothing started
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
   e = error_of(cfg);

@@ -15,14 +15,13 @@ using namespace bs::search;
 
 namespace {
 StudyConfig config(const std::string& extra = "") {
-  return StudyConfig::from_yaml(
-      YAML::Load("name: b\nsampler: random\nseed: 5\npruner: median\nspace:\n"
-                 "  optimizer.name: {choice: [adam, lamb]}\n"
-                 "  optimizer.lr: {log_uniform: [0.0001, 0.01]}\n"
-                 "  batch.global: {int: [16, 64], pow2: true}\n"
-                 "  optimizer.beta2: {uniform: [0.9, 0.99], when: {optimizer.name: lamb}}\n" +
-                 extra),
-      "test");
+  return StudyConfig::from_yaml(YAML::Load("name: b\nsampler: random\nseed: 5\npruner: median\nspace:\n"
+                                           "  optimizer.name: {choice: [adam, lamb]}\n"
+                                           "  optimizer.lr: {log_uniform: [0.0001, 0.01]}\n"
+                                           "  batch.global: {int: [16, 64], pow2: true}\n"
+                                           "  optimizer.beta2: {uniform: [0.9, 0.99], when: {optimizer.name: lamb}}\n" +
+                                           extra),
+                                "test");
 }
 }  // namespace
 

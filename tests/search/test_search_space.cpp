@@ -46,7 +46,8 @@ TEST(SearchSpace, ReadsTheShippedStudyConfigs) {
 }
 
 TEST(SearchSpace, RefusesUnknownKeyPathNamingParameterAndLine) {
-  std::string e = error_of(std::string(kHead) + "  optimizer.lr: {uniform: [0.001, 0.01]}\n  optimiser.beta2: {uniform: [0.9, 0.99]}\n");
+  std::string e = error_of(std::string(kHead) +
+                           "  optimizer.lr: {uniform: [0.001, 0.01]}\n  optimiser.beta2: {uniform: [0.9, 0.99]}\n");
   EXPECT_NE(e.find("optimiser.beta2"), std::string::npos) << e;
   EXPECT_NE(e.find("study.yaml:5"), std::string::npos) << e;
 }
@@ -69,6 +70,10 @@ TEST(SearchSpace, RefusesEmptyChoiceAndInvertedRange) {
 TEST(SearchSpace, RefusesUnknownStudyKeysAndBadValues) {
   EXPECT_NE(error_of("name: t\nsampler: tpe\nn_trails: 3\n").find("n_trails"), std::string::npos);
   EXPECT_NE(error_of("name: t\nsampler: bayes\n").find("sampler"), std::string::npos);
+  // NaN is not a number of seconds: stored as .nan it could not be read back on resume.
+  for (const char* t : {".nan", "-1", ".inf"})
+    EXPECT_NE(error_of(std::string("name: t\ntrial_timeout: ") + t + "\n").find("trial_timeout"), std::string::npos)
+        << t;
   EXPECT_NE(error_of("name: ../x\n").find("study name"), std::string::npos);
   EXPECT_NE(error_of("name: t\nbase: {optimizer: {lr: -1}}\n").find("optimizer.lr"), std::string::npos);
   EXPECT_NE(error_of("name: t\nobjective: [samples_to_target, batch.global]\npruner: median\n").find("prune"),
@@ -83,10 +88,10 @@ TEST(SearchSpace, RefusesUnknownStudyKeysAndBadValues) {
 }
 
 TEST(SearchSpace, ConditionalParametersAreSampledOnlyWhenTheirConditionHolds) {
-  StudyConfig c = StudyConfig::load(write_study(
-      std::string(kHead) + "  optimizer.name: {choice: [adam, lamb]}\n"
-                           "  optimizer.beta2: {uniform: [0.9, 0.99], when: {optimizer.name: lamb}}\n"
-                           "  batch.global: {int: [16, 128], pow2: true}\n"));
+  StudyConfig c = StudyConfig::load(
+      write_study(std::string(kHead) + "  optimizer.name: {choice: [adam, lamb]}\n"
+                                       "  optimizer.beta2: {uniform: [0.9, 0.99], when: {optimizer.name: lamb}}\n"
+                                       "  batch.global: {int: [16, 128], pow2: true}\n"));
   ASSERT_EQ(c.space.params().size(), 3u);
   const auto& b = c.space.params()[2];
   std::vector<ParamValue> expect = {int64_t(16), int64_t(32), int64_t(64), int64_t(128)};
@@ -110,10 +115,10 @@ TEST(SearchSpace, ConditionalParametersAreSampledOnlyWhenTheirConditionHolds) {
 }
 
 TEST(SearchSpace, DerivedLearningRateScalesWithBatch) {
-  StudyConfig c = StudyConfig::load(write_study(
-      "name: t\nbase: {batch: {micro: 16}}\nspace:\n"
-      "  batch.global: {choice: [64, 1024]}\n  optimizer.lr: {log_uniform: [0.0001, 0.01]}\n"
-      "derived:\n  optimizer.lr: {scale: optimizer.lr, by: batch.global, rule: sqrt, base_batch: 256}\n"));
+  StudyConfig c = StudyConfig::load(
+      write_study("name: t\nbase: {batch: {micro: 16}}\nspace:\n"
+                  "  batch.global: {choice: [64, 1024]}\n  optimizer.lr: {log_uniform: [0.0001, 0.01]}\n"
+                  "derived:\n  optimizer.lr: {scale: optimizer.lr, by: batch.global, rule: sqrt, base_batch: 256}\n"));
   for (int64_t batch : {64, 1024}) {
     std::map<std::string, ParamValue> s = {{"batch.global", batch}, {"optimizer.lr", 0.002}};
     TrainConfig t = TrainConfig::from_yaml(YAML::Load(c.space.resolve(c.base(), s, "trial")), "resolved");
@@ -123,9 +128,9 @@ TEST(SearchSpace, DerivedLearningRateScalesWithBatch) {
 
 TEST(SearchSpace, ResolvedConfigIsValidatedAndSetsApply) {
   // heads 3 fits hidden 96 but not 128: only the sampled combination can be checked.
-  StudyConfig c = StudyConfig::load(write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" +
-                                                "  model.heads: {choice: [2, 3]}\n"),
-                                    {"base.data.dir=/data/x", "n_trials=4"});
+  StudyConfig c = StudyConfig::load(
+      write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" + "  model.heads: {choice: [2, 3]}\n"),
+      {"base.data.dir=/data/x", "n_trials=4"});
   EXPECT_EQ(c.n_trials, 4);
   EXPECT_EQ(TrainConfig::from_yaml(c.base(), "b").data.dir, "/data/x");
   EXPECT_THROW(c.space.resolve(c.base(), {{"model.hidden", int64_t(128)}, {"model.heads", int64_t(3)}}, "trial 1"),
@@ -137,7 +142,7 @@ TEST(SearchSpace, ResolvedConfigIsValidatedAndSetsApply) {
   StudyConfig back = StudyConfig::from_yaml(YAML::Load(c.to_yaml_string()), "stored");
   EXPECT_EQ(back.identity(), c.identity());
   EXPECT_EQ(back.n_trials, 4);
-  StudyConfig other = StudyConfig::load(write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" +
-                                                    "  model.heads: {choice: [2, 4]}\n"));
+  StudyConfig other = StudyConfig::load(
+      write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" + "  model.heads: {choice: [2, 4]}\n"));
   EXPECT_NE(other.identity(), c.identity());
 }

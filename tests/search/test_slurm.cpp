@@ -26,12 +26,13 @@ LauncherConfig srun_launcher(int ranks) {
   return l;
 }
 
-bool has(const std::vector<std::string>& v, const std::string& x) { return std::find(v.begin(), v.end(), x) != v.end(); }
+bool has(const std::vector<std::string>& v, const std::string& x) {
+  return std::find(v.begin(), v.end(), x) != v.end();
+}
 
 StudyConfig study_with_launcher(const std::string& launcher) {
-  return StudyConfig::from_yaml(YAML::Load("name: s\nspace:\n  optimizer.lr: {choice: [0.001, 0.002]}\nlauncher: " +
-                                           launcher + "\n"),
-                                "s.yaml");
+  return StudyConfig::from_yaml(
+      YAML::Load("name: s\nspace:\n  optimizer.lr: {choice: [0.001, 0.002]}\nlauncher: " + launcher + "\n"), "s.yaml");
 }
 
 std::string config_error(const std::string& launcher) {
@@ -83,10 +84,10 @@ TEST(Slurm, SrunOptionsAskForWhatTheTrialNeeds) {
 TEST(Slurm, ThreadsPerRankSplitTheCpusBetweenParallelTrialsAndRanks) {
   UnsetSlurmEnv unset;
   LauncherConfig l = srun_launcher(2);
-  EXPECT_EQ(cpus_per_rank(l, 1, 2), 1);   // 2 CPUs, 1 trial of 2 ranks: 1 each (was 2 each: never scheduled)
+  EXPECT_EQ(cpus_per_rank(l, 1, 2), 1);  // 2 CPUs, 1 trial of 2 ranks: 1 each (was 2 each: never scheduled)
   EXPECT_EQ(cpus_per_rank(l, 2, 16), 4);
   l.cpus_per_trial = 8;
-  EXPECT_EQ(cpus_per_rank(l, 2, 2), 4);   // asked for explicitly
+  EXPECT_EQ(cpus_per_rank(l, 2, 2), 4);  // asked for explicitly
   setenv("SLURM_JOB_ID", "42", 1);
   setenv("SLURM_CPUS_ON_NODE", "6", 1);
   setenv("SLURM_JOB_NUM_NODES", "2", 1);
@@ -110,9 +111,10 @@ TEST(Slurm, ThreadsPerRankSplitTheCpusBetweenParallelTrialsAndRanks) {
 }
 
 TEST(Slurm, LauncherKeysAreCheckedAndReadBack) {
-  StudyConfig c = study_with_launcher("{kind: srun, ranks: 4, cpus_per_trial: 8, nodes: 2, ranks_per_node: 2, "
-                                      "partition: debug, time_limit: '2:00:00', mpi: pmi2, job_name: 'x-{trial}', "
-                                      "queue_timeout: 600}");
+  StudyConfig c = study_with_launcher(
+      "{kind: srun, ranks: 4, cpus_per_trial: 8, nodes: 2, ranks_per_node: 2, "
+      "partition: debug, time_limit: '2:00:00', mpi: pmi2, job_name: 'x-{trial}', "
+      "queue_timeout: 600}");
   EXPECT_EQ(c.launcher.cpus_per_trial, 8);
   EXPECT_EQ(c.launcher.time_limit, "2:00:00");
   EXPECT_EQ(c.launcher.queue_timeout, 600);
@@ -160,8 +162,7 @@ TEST(Slurm, FailureReasonsComeFromSlurmsOwnWords) {
   f = slurm_failure(SlurmJob{"13", "NODE_FAIL", "None", "UNLIMITED"}, "");
   ASSERT_TRUE(f);
   EXPECT_TRUE(f->retryable);  // another node may do
-  f = slurm_failure(std::nullopt,
-                    "srun: error: Unable to allocate resources: Invalid partition name specified\n");
+  f = slurm_failure(std::nullopt, "srun: error: Unable to allocate resources: Invalid partition name specified\n");
   ASSERT_TRUE(f);
   EXPECT_NE(f->reason.find("launch failed"), std::string::npos);
   EXPECT_NE(f->reason.find("Invalid partition name"), std::string::npos);

@@ -19,8 +19,18 @@ using namespace bs;
 
 namespace {
 std::vector<std::string> study_run(const std::string& dir, const std::string& data, const std::string& name) {
-  return {test::bertsweep_bin(), "study", "run", "--config", test::source_dir() + "/configs/studies/smoke.yaml",
-          "--set", "base.data.dir=" + data, "--name", name, "--dir", dir, "--quiet"};
+  return {test::bertsweep_bin(),
+          "study",
+          "run",
+          "--config",
+          test::source_dir() + "/configs/studies/smoke.yaml",
+          "--set",
+          "base.data.dir=" + data,
+          "--name",
+          name,
+          "--dir",
+          dir,
+          "--quiet"};
 }
 }  // namespace
 
@@ -32,8 +42,8 @@ TEST(StudyE2E, SmallStudyFillsOptunaAndBertsweepTables) {
   std::string db = dir + "/smoke/study.db";
   {
     SQLite::Database raw(db, SQLite::OPEN_READONLY);
-    for (std::string t : {"studies", "trials", "trial_values", "trial_params", "trial_intermediate_values",
-                          "bs_trials", "bs_evals", "bs_throughput", "bs_environment", "bs_study"})
+    for (std::string t : {"studies", "trials", "trial_values", "trial_params", "trial_intermediate_values", "bs_trials",
+                          "bs_evals", "bs_throughput", "bs_environment", "bs_study"})
       EXPECT_EQ(raw.execAndGet("SELECT COUNT(*) FROM sqlite_master WHERE name = '" + t + "'").getInt(), 1) << t;
   }
   StudyStore store(db);
@@ -42,7 +52,9 @@ TEST(StudyE2E, SmallStudyFillsOptunaAndBertsweepTables) {
   int complete = 0;
   for (const auto& t : trials) {
     EXPECT_NE(t.state, "RUNNING");
-    if (t.state != "FAIL") EXPECT_GE(store.evals(t.number).size(), 1u) << "trial " << t.number;
+    if (t.state != "FAIL") {
+      EXPECT_GE(store.evals(t.number).size(), 1u) << "trial " << t.number;
+    }
     complete += t.state == "COMPLETE";
   }
   EXPECT_GE(complete, 1);

@@ -52,8 +52,8 @@ std::string slurp(const std::string& path) {
 TEST(TrialLauncher, TrainerCommandIsAnArgumentVector) {
   LauncherConfig local;
   auto s = trainer_launch(local, "/x/bertsweep", "/s/t/0001/config.yaml", 3, "/s/t/0001");
-  std::vector<std::string> want = {"/x/bertsweep", "train", "--config", "/s/t/0001/config.yaml", "--events",
-                                   "fd:3",         "--quiet", "--set",  "threads=3"};
+  std::vector<std::string> want = {"/x/bertsweep", "train", "--config", "/s/t/0001/config.yaml", "--events", "fd:3",
+                                   "--quiet",      "--set", "threads=3"};
   EXPECT_EQ(s.argv, want);
   EXPECT_EQ(s.env.at("OMP_NUM_THREADS"), "3");
   EXPECT_EQ(s.env.at("OPENBLAS_NUM_THREADS"), "3");
@@ -82,9 +82,10 @@ TEST(TrialLauncher, TrainerCommandIsAnArgumentVector) {
 
 TEST(TrialLauncher, EventsOnFd3LogsAndEnvironment) {
   std::string dir = bs::test::make_temp_dir("launch");
-  auto spec = shell("echo '{\"event\":\"eval\",\"samples\":64,\"mlm_accuracy\":0.5}' >&3; echo out-$OMP_NUM_THREADS; "
-                    "echo err >&2; printf '{\"event\":\"done\",\"reached\":true}' >&3",
-                    dir);
+  auto spec = shell(
+      "echo '{\"event\":\"eval\",\"samples\":64,\"mlm_accuracy\":0.5}' >&3; echo out-$OMP_NUM_THREADS; "
+      "echo err >&2; printf '{\"event\":\"done\",\"reached\":true}' >&3",
+      dir);
   spec.env["OMP_NUM_THREADS"] = "5";
   TrialProcess p(spec);
   EXPECT_GT(p.pid(), 0);
@@ -228,7 +229,7 @@ TEST(GpuSlots, TwoGpusPerTrialGetDisjointPairs) {
   EXPECT_TRUE(disjoint({a, b}));
   EXPECT_THROW(slots.acquire(), std::runtime_error);
   slots.release(a);
-  EXPECT_THROW(slots.release(a), std::invalid_argument);         // released twice
+  EXPECT_THROW(slots.release(a), std::invalid_argument);           // released twice
   EXPECT_THROW(slots.release({"1", "2"}), std::invalid_argument);  // not a slot
   EXPECT_EQ(slots.acquire(), (std::vector<std::string>{"0", "1"}));
   EXPECT_EQ(slots.in_use(), 2);
@@ -250,11 +251,11 @@ TEST(GpuDiscovery, CudaVisibleDevicesEntriesAreKeptAsStrings) {
   using V = std::vector<std::string>;
   EXPECT_EQ(visible_gpus(nullptr, 3), (V{"0", "1", "2"}));  // unset: the machine's count
   EXPECT_EQ(visible_gpus(nullptr, 0), V{});                 // no driver
-  EXPECT_EQ(visible_gpus("2,3", 8), (V{"2", "3"}));          // set: it wins over the count
+  EXPECT_EQ(visible_gpus("2,3", 8), (V{"2", "3"}));         // set: it wins over the count
   EXPECT_EQ(visible_gpus(" 1 , 0", 8), (V{"1", "0"}));
   EXPECT_EQ(visible_gpus("GPU-8f2c1e4a-0b1d-4c2e,MIG-1a2b", 0), (V{"GPU-8f2c1e4a-0b1d-4c2e", "MIG-1a2b"}));
-  EXPECT_EQ(visible_gpus("", 4), V{});    // set but empty: none
-  EXPECT_EQ(visible_gpus("-1", 4), V{});  // the usual way to hide every GPU
+  EXPECT_EQ(visible_gpus("", 4), V{});           // set but empty: none
+  EXPECT_EQ(visible_gpus("-1", 4), V{});         // the usual way to hide every GPU
   EXPECT_EQ(visible_gpus("0,-1,1", 4), V{"0"});  // CUDA stops at the first invalid entry
   EXPECT_EQ(visible_gpus("0,0,1", 4), V{"0"});
   LauncherConfig l;
@@ -292,7 +293,8 @@ TEST(GpuDiscovery, TooFewGpusIsAConfigErrorNamingTheKeysAndTheGpus) {
   } catch (const bs::ConfigError& e) {
     std::string m = e.what();
     EXPECT_NE(m.find("needs 4 GPUs but 3 GPU(s) are visible (3,1,2) in CUDA_VISIBLE_DEVICES='3,1,2'"),
-              std::string::npos) << m;
+              std::string::npos)
+        << m;
   }
   setenv("CUDA_VISIBLE_DEVICES", "", 1);
   l.gpus_per_trial = 1;
@@ -361,7 +363,7 @@ TEST(TrialLauncher, SrunAsksForTheGpusPerTaskOrPerNode) {
   for (const auto& c : std::vector<Case>{{1, {"0"}, "--gpus-per-task=1"},
                                          {1, {"0", "1"}, "--gpus-per-task=2"},
                                          {2, {"0", "1"}, "--gpus-per-task=1"},
-                                         {2, {"2"}, "--gres=gpu:1"},         // 1 GPU for 2 ranks: per node
+                                         {2, {"2"}, "--gres=gpu:1"},  // 1 GPU for 2 ranks: per node
                                          {4, {"0", "1"}, "--gres=gpu:2"}}) {
     LauncherConfig srun;
     srun.kind = "srun";

@@ -10,7 +10,7 @@
 #include <set>
 #include <thread>
 
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "reliability/ReliabilityUtil.h"
 #include "search/Slurm.h"
 
@@ -20,10 +20,12 @@ namespace fs = std::filesystem;
 namespace {
 
 // Skips the test (with the reason the cluster script wrote) where no test cluster runs.
-#define REQUIRE_SLURM_CLUSTER()                                                                       \
-  do {                                                                                                \
-    const std::string why = cluster_status();                                                         \
-    if (why != "up") GTEST_SKIP() << "no test Slurm cluster: " << why;                                \
+#define REQUIRE_SLURM_CLUSTER()                         \
+  do {                                                  \
+    const std::string why = cluster_status();           \
+    if (why != "up") {                                  \
+      GTEST_SKIP() << "no test Slurm cluster: " << why; \
+    }                                                   \
   } while (0)
 
 // The test cluster's folder (CTest's Slurm.ClusterStart starts it there); its slurm.conf becomes SLURM_CONF
@@ -64,8 +66,8 @@ std::vector<std::string> study_run(const std::string& file, const std::string& d
 
 // This user's jobs of the test cluster whose name starts with `prefix` and that still hold or wait for CPUs.
 std::vector<std::string> live_jobs(const std::string& prefix) {
-  auto r = search::run_command({"squeue", "--noheader", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING",
-                                "--format=%i %j %T"});
+  auto r = search::run_command(
+      {"squeue", "--noheader", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i %j %T"});
   std::vector<std::string> out;
   std::istringstream in(r.out);
   for (std::string id, name, state; in >> id >> name >> state;)
@@ -81,8 +83,9 @@ std::string joined(const std::vector<std::string>& v) {
 
 std::string slurm_job_attr(const std::string& db, int64_t trial) {
   SQLite::Database d(db, SQLite::OPEN_READONLY);
-  SQLite::Statement q(d, "SELECT a.value_json FROM trial_user_attributes a JOIN trials t ON t.trial_id = a.trial_id "
-                         "WHERE a.key = 'bs_slurm_job' AND t.number = ?");
+  SQLite::Statement q(d,
+                      "SELECT a.value_json FROM trial_user_attributes a JOIN trials t ON t.trial_id = a.trial_id "
+                      "WHERE a.key = 'bs_slurm_job' AND t.number = ?");
   q.bind(1, static_cast<int64_t>(trial));
   if (!q.executeStep()) return "";
   std::string v = q.getColumn(0).getString();
@@ -141,8 +144,9 @@ TEST(SlurmE2E, TwoRankTrialFindsItsPeerThroughPmix) {
   REQUIRE_SLURM_CLUSTER();
   const std::string dir = test::make_temp_dir("slurm-ranks");
   const std::string file = write_study(dir, "sranks");
-  auto r = test::run(study_run(file, dir, {"n_trials=1", "parallel=1", "launcher.ranks=2",
-                                           "base.distributed.backend=mpi", "base.target.max_samples=256"}),
+  auto r = test::run(study_run(file, dir,
+                               {"n_trials=1", "parallel=1", "launcher.ranks=2", "base.distributed.backend=mpi",
+                                "base.target.max_samples=256"}),
                      400);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   StudyStore store(dir + "/sranks/study.db", StudyStore::Mode::kReadOnly);
@@ -185,9 +189,9 @@ TEST(SlurmE2E, CancelledAndTimedOutTrialsKeepSlurmsReasonAndJobId) {
   const std::string dir = test::make_temp_dir("slurm-fail");
   const std::string file = write_study(dir, "sfail");
   const std::string db = dir + "/sfail/study.db";
-  pid_t ctl = test::spawn(study_run(file, dir, {"launcher.time_limit=1", "retry_failed=2",
-                                                "base.target.max_samples=10000000"}),
-                          dir + "/controller.log");
+  pid_t ctl =
+      test::spawn(study_run(file, dir, {"launcher.time_limit=1", "retry_failed=2", "base.target.max_samples=10000000"}),
+                  dir + "/controller.log");
   ASSERT_TRUE(test::wait_for([&] { return running_with_evals(db, 0, 1) && running_with_evals(db, 1, 0); }, 240))
       << test::read_file(dir + "/controller.log");
   std::string job0;
@@ -219,9 +223,9 @@ TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
   const std::string dir = test::make_temp_dir("slurm-stop");
   const std::string file = write_study(dir, "sstop");
   // Pruning: trials 0 and 1 learn, trial 2 (lr 1e-9) cannot and is pruned at its first comparable eval.
-  auto r = test::run(study_run(file, dir, {"pruner=median", "n_trials=3", "parallel=1",
-                                           "base.checkpoint.dir=" + dir + "/ck-prune"}),
-                     600);
+  auto r = test::run(
+      study_run(file, dir, {"pruner=median", "n_trials=3", "parallel=1", "base.checkpoint.dir=" + dir + "/ck-prune"}),
+      600);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   {
     StudyStore store(dir + "/sstop/study.db", StudyStore::Mode::kReadOnly);
@@ -234,9 +238,9 @@ TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
   }
   // Second signal: the running trial is stopped now, gracefully, and recorded.
   const std::string db = dir + "/second/study.db";
-  pid_t ctl = test::spawn(study_run(file, dir, {"name=second", "n_trials=1", "parallel=1",
-                                                "base.target.max_samples=10000000",
-                                                "base.checkpoint.dir=" + dir + "/ck-second"}),
+  pid_t ctl = test::spawn(study_run(file, dir,
+                                    {"name=second", "n_trials=1", "parallel=1", "base.target.max_samples=10000000",
+                                     "base.checkpoint.dir=" + dir + "/ck-second"}),
                           dir + "/controller.log");
   ASSERT_TRUE(test::wait_for([&] { return running_with_evals(db, 0, 1); }, 240))
       << test::read_file(dir + "/controller.log");
@@ -292,8 +296,9 @@ TEST(SlurmE2E, SubmitRunsTheControllerAsABatchJobWithTrialsAsSteps) {
   REQUIRE_SLURM_CLUSTER();
   const std::string dir = test::make_temp_dir("slurm-submit");
   const std::string file = write_study(dir, "ssub");
-  const std::vector<std::string> submit = {test::bertsweep_bin(), "study", "submit", "--config", file, "--dir", dir,
-                                           "--set", "base.target.max_samples=512", "--sbatch-args", "--time=10"};
+  const std::vector<std::string> submit = {
+      test::bertsweep_bin(),         "study",         "submit",   "--config", file, "--dir", dir, "--set",
+      "base.target.max_samples=512", "--sbatch-args", "--time=10"};
   auto r = test::run(submit, 120);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   const std::string id = r.out.substr(0, r.out.find('\n'));

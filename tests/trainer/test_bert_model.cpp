@@ -190,18 +190,21 @@ TEST(BertModel, ParameterNamesFollowForwardOrderAndCountMatchesFormula) {
   for (const auto& kv : named) {
     const auto& n = kv.key();
     const bool is_bias = n.find("bias") != std::string::npos, is_ln = n.find("LayerNorm") != std::string::npos;
-    if (kv.value().dim() == 1) EXPECT_TRUE(is_bias || is_ln) << n << " is 1-d but would get weight decay";
-    else EXPECT_FALSE(is_bias || is_ln) << n << " is a matrix but would be excluded from weight decay";
+    if (kv.value().dim() == 1) {
+      EXPECT_TRUE(is_bias || is_ln) << n << " is 1-d but would get weight decay";
+    } else
+      EXPECT_FALSE(is_bias || is_ln) << n << " is a matrix but would be excluded from weight decay";
   }
   const int64_t V = cfg.vocab_size, H = cfg.hidden, I = cfg.intermediate;
   const int64_t per_layer = (3 * H * H + 3 * H) + (H * H + H) + 2 * H + (H * I + I) + (I * H + H) + 2 * H;
-  const int64_t expected = V * H + cfg.max_position * H + cfg.type_vocab_size * H + 2 * H +
-                           cfg.layers * per_layer + (H * H + H + 2 * H + V) + (H * H + H + 2 * H + 2);
+  const int64_t expected = V * H + cfg.max_position * H + cfg.type_vocab_size * H + 2 * H + cfg.layers * per_layer +
+                           (H * H + H + 2 * H + V) + (H * H + H + 2 * H + 2);
   EXPECT_EQ(m->num_parameters(), expected);
   // Tied decoder: no separate [V, H] decoder matrix.
   for (const auto& kv : named)
-    if (kv.key() != "embeddings.word_embeddings.weight")
+    if (kv.key() != "embeddings.word_embeddings.weight") {
       EXPECT_NE(kv.value().sizes(), (std::vector<int64_t>{V, H})) << kv.key();
+    }
 }
 
 TEST(BertModel, InitialisationIsBerts) {
@@ -340,13 +343,15 @@ TEST(BertModel, Bfloat16RunsForwardAndBackward) {
 }
 
 TEST(BertModel, RunsOnCudaWhenAvailable) {
-  if (!torch::cuda::is_available()) GTEST_SKIP() << "no CUDA device";
+  if (!torch::cuda::is_available()) {
+    GTEST_SKIP() << "no CUDA device";
+  }
   auto m = random_model(small_config());
   auto in = build({{kA, kC}, {kB}}, 11, {{{0, 1}, {1, 2}}, {{0, 3}}});
   auto ref = m->forward(in);
   m->to(torch::kCUDA);
-  for (auto* t : {&in.input_ids, &in.segment_ids, &in.position_ids, &in.attention_ids, &in.mlm_positions,
-                  &in.nsp_positions})
+  for (auto* t :
+       {&in.input_ids, &in.segment_ids, &in.position_ids, &in.attention_ids, &in.mlm_positions, &in.nsp_positions})
     *t = t->to(torch::kCUDA);
   auto out = m->forward(in);
   expect_close(out.mlm_logits.cpu(), ref.mlm_logits, 1e-9, "cuda vs cpu");
@@ -379,8 +384,8 @@ TEST(BertModel, LossMatchesHandComputedCrossEntropy) {
   EXPECT_NEAR(loss.nsp.item<double>(), want_nsp, 1e-12);
   EXPECT_NEAR(loss.total.item<double>(), want_mlm + want_nsp, 1e-12);
   // float32 logits give the same to float precision.
-  auto f = bs::pretraining_loss({out.mlm_logits.to(torch::kFloat), out.nsp_logits.to(torch::kFloat)},
-                                i64(mlm_labels), i64(nsp_labels));
+  auto f = bs::pretraining_loss({out.mlm_logits.to(torch::kFloat), out.nsp_logits.to(torch::kFloat)}, i64(mlm_labels),
+                                i64(nsp_labels));
   EXPECT_NEAR(f.total.item<double>(), want_mlm + want_nsp, 1e-5);
 }
 
@@ -408,7 +413,7 @@ TEST(BertModel, TrainingFlopsCountEveryWeightMatrixAndAttention) {
     const double tokens = n.rfind("encoder.", 0) == 0 ? rows * row_len : n.rfind("mlm.", 0) == 0 ? masked : rows;
     forward += 2.0 * p.numel() * tokens;
   }
-  forward += 2.0 * cfg.vocab_size * cfg.hidden * masked;  // tied decoder: the word embedding matrix
+  forward += 2.0 * cfg.vocab_size * cfg.hidden * masked;                      // tied decoder: the word embedding matrix
   forward += cfg.layers * 2 * (2.0 * rows * row_len * row_len * cfg.hidden);  // QK^T and PV
   EXPECT_DOUBLE_EQ(bs::training_flops(cfg, rows, row_len, masked), 3 * forward);
 }
@@ -444,8 +449,8 @@ void one_training_step(const std::string& name, int64_t expected_encoder_params)
   torch::manual_seed(2);
   BertForPretraining m(cfg);
   const int64_t H = cfg.hidden, V = cfg.vocab_size;
-  EXPECT_EQ(m->num_parameters(), expected_encoder_params + V * H + 512 * H + 2 * H + 2 * H +
-                                     (H * H + 3 * H + V) + (H * H + 3 * H + 2))
+  EXPECT_EQ(m->num_parameters(),
+            expected_encoder_params + V * H + 512 * H + 2 * H + 2 * H + (H * H + 3 * H + V) + (H * H + 3 * H + 2))
       << name;
   m->train();
   const int64_t L = 16;

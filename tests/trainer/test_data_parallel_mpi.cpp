@@ -69,11 +69,14 @@ TEST(DataParallel, MismatchedConfigsAcrossRanksAreRefused) {
   auto dir = bs::test::make_temp_dir("dp");
   auto cfg = config(dir, "random", "none");
   // Rank 1 gets another lr through an MPMD launch: the ranks must notice before training.
-  auto r = bs::test::run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "1", bs::test::bertsweep_bin(),
-                          "train", "--config", cfg, "--set", "distributed.backend=mpi", "--quiet", ":", "-np", "1",
-                          bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=mpi",
-                          "--set", "optimizer.lr=0.5", "--quiet"},
+  // clang-format off
+  auto r = bs::test::run({"mpirun", "--allow-run-as-root", "--oversubscribe",
+                          "-np", "1", bs::test::bertsweep_bin(), "train", "--config", cfg,
+                          "--set", "distributed.backend=mpi", "--quiet", ":",
+                          "-np", "1", bs::test::bertsweep_bin(), "train", "--config", cfg,
+                          "--set", "distributed.backend=mpi", "--set", "optimizer.lr=0.5", "--quiet"},
                          300);
+  // clang-format on
   EXPECT_NE(r.exit_code, 0);
   EXPECT_NE((r.err + r.out).find("differ"), std::string::npos) << r.err << r.out;
 }

@@ -12,7 +12,7 @@
 #include "TestUtil.h"
 #include "trainer/BertModel.h"
 #include "trainer/InitCheckpoint.h"
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 namespace {
 

@@ -16,12 +16,14 @@ TEST(InitCheckpointStudyE2E, EveryTrialStartsFromTheBaseCheckpoint) {
   const std::string dir = bs::test::make_temp_dir("initckpt-study");
   const std::string data = bs::test::small_brown_dataset();
   const std::string train_cfg = bs::test::source_dir() + "/configs/train/bert-tiny-brown.yaml";
+  // clang-format off
   auto src = bs::test::run({bs::test::bertsweep_bin(), "train", "--config", train_cfg, "--set", "data.dir=" + data,
                             "--set", "data.eval_samples=128", "--set", "batch.global=32", "--set", "batch.micro=32",
                             "--set", "target.max_samples=320", "--set", "target.eval_every_samples=320", "--set",
-                            "schedule.warmup_steps=0", "--set",
-                            "threads=2", "--set", "precision=fp32", "--set", "distributed.backend=none", "--set",
-                            "checkpoint.dir=" + dir + "/ckpt", "--events", "stdout", "--quiet"});
+                            "schedule.warmup_steps=0", "--set", "threads=2", "--set", "precision=fp32", "--set",
+                            "distributed.backend=none", "--set", "checkpoint.dir=" + dir + "/ckpt", "--events",
+                            "stdout", "--quiet"});
+  // clang-format on
   ASSERT_EQ(src.exit_code, 0) << src.err;
   std::smatch m;
   ASSERT_TRUE(std::regex_search(src.out, m, std::regex("\"event\": \"eval\".*\"loss\": ([0-9.eE+-]+)"))) << src.out;
@@ -41,17 +43,17 @@ TEST(InitCheckpointStudyE2E, EveryTrialStartsFromTheBaseCheckpoint) {
                        << "  target: {mlm_accuracy: 0.99, max_samples: 64, eval_every_samples: 32}\n"
                        << "space:\n  optimizer.lr: {log_uniform: [1.0e-12, 1.0e-11]}\n"
                        << "launcher: {kind: local}\n";
-  auto r = bs::test::run({bs::test::bertsweep_bin(), "study", "run", "--config", study, "--dir", dir + "/studies",
-                          "--quiet"},
-                         600);
+  auto r = bs::test::run(
+      {bs::test::bertsweep_bin(), "study", "run", "--config", study, "--dir", dir + "/studies", "--quiet"}, 600);
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   // First eval of each trial, read from the study file with Python's sqlite3.
   const std::string script = dir + "/read.py";
-  std::ofstream(script) << "import sqlite3, sys\n"
-                           "c = sqlite3.connect(sys.argv[1])\n"
-                           "for t, in c.execute('SELECT DISTINCT trial FROM bs_evals ORDER BY trial'):\n"
-                           "    l, = c.execute('SELECT loss FROM bs_evals WHERE trial=? ORDER BY samples LIMIT 1', (t,)).fetchone()\n"
-                           "    print(t, repr(l))\n";
+  std::ofstream(script)
+      << "import sqlite3, sys\n"
+         "c = sqlite3.connect(sys.argv[1])\n"
+         "for t, in c.execute('SELECT DISTINCT trial FROM bs_evals ORDER BY trial'):\n"
+         "    l, = c.execute('SELECT loss FROM bs_evals WHERE trial=? ORDER BY samples LIMIT 1', (t,)).fetchone()\n"
+         "    print(t, repr(l))\n";
   auto py = bs::test::run({"/usr/bin/python3", script, dir + "/studies/fromckpt/study.db"});
   ASSERT_EQ(py.exit_code, 0) << py.err;
   std::istringstream in(py.out);

@@ -7,13 +7,13 @@
 #include <fstream>
 
 #include "TestUtil.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "optimizers/FlatOptimizer.h"
-#include "trainer/Batch.h"
+#include "dataset/Batch.h"
 #include "trainer/BertModel.h"
 #include "trainer/MixedPrecision.h"
 #include "trainer/Precision.h"
-#include "trainer/ShardIO.h"
+#include "dataset/ShardIO.h"
 
 namespace {
 
@@ -193,7 +193,9 @@ TEST(MixedPrecision, PrecisionIsChosenFromTheCpu) {
   EXPECT_THROW(bs::resolve_precision(cfg, amx), bs::ConfigError);
   cfg.precision = "auto";
   cfg.device = "cuda";
-  if (!torch::cuda::is_available()) EXPECT_THROW(bs::resolve_precision(cfg, amx), bs::ConfigError);
+  if (!torch::cuda::is_available()) {
+    EXPECT_THROW(bs::resolve_precision(cfg, amx), bs::ConfigError);
+  }
   EXPECT_FALSE(bs::read_cpu_info().model.empty());  // this machine's real /proc/cpuinfo
 }
 

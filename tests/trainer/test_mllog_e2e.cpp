@@ -17,7 +17,7 @@
 #include <sstream>
 
 #include "TestUtil.h"
-#include "common/ExitCodes.h"
+#include "common/Errors.h"
 #include "trainer/InitCheckpoint.h"
 
 namespace fs = std::filesystem;
@@ -39,7 +39,8 @@ std::string slurp(const std::string& path) {
 
 // The rules of training 5.0.0 for a BERT log of `division` ("open" | "closed"), run with `optimizer`.
 // Returns every violation found (empty: the log follows them).
-std::vector<std::string> check_mllog(const std::string& text, const std::string& division, const std::string& optimizer) {
+std::vector<std::string> check_mllog(const std::string& text, const std::string& division,
+                                     const std::string& optimizer) {
   std::vector<std::string> bad;
   std::vector<Line> lines;
   std::istringstream in(text);
@@ -74,11 +75,14 @@ std::vector<std::string> check_mllog(const std::string& text, const std::string&
   }
   std::map<std::string, int> count;
   for (const auto& l : lines) count[l.key]++;
-  std::set<std::string> exactly_one = {
-      "submission_benchmark", "submission_division", "submission_org", "submission_platform", "submission_status",
-      "seed", "init_stop", "run_start", "run_stop", "train_samples", "eval_samples", "global_batch_size",
-      "gradient_accumulation_steps", "max_sequence_length", "opt_base_learning_rate",
-      "opt_learning_rate_training_steps", "opt_learning_rate_warmup_steps", "num_warmup_steps", "start_warmup_step"};
+  // clang-format off
+  std::set<std::string> exactly_one = {"submission_benchmark", "submission_division", "submission_org",
+                                       "submission_platform", "submission_status", "seed", "init_stop", "run_start",
+                                       "run_stop", "train_samples", "eval_samples", "global_batch_size",
+                                       "gradient_accumulation_steps", "max_sequence_length",
+                                       "opt_base_learning_rate", "opt_learning_rate_training_steps",
+                                       "opt_learning_rate_warmup_steps", "num_warmup_steps", "start_warmup_step"};
+  // clang-format on
   const bool lamb = optimizer == "lamb" || optimizer == "nvlamb";
   const std::vector<std::string> lamb_keys = {"opt_lamb_beta_1", "opt_lamb_beta_2", "opt_lamb_epsilon",
                                               "opt_lamb_weight_decay_rate"};
@@ -91,7 +95,8 @@ std::vector<std::string> check_mllog(const std::string& text, const std::string&
   if (!lamb)  // the LAMB names only for LAMB
     for (const auto& k : lamb_keys)
       if (count[k]) bad.push_back("'" + k + "' logged for optimizer " + optimizer);
-  for (const char* k : {"cache_clear", "init_start", "eval_accuracy", "block_start", "block_stop", "eval_start", "eval_stop"})
+  for (const char* k :
+       {"cache_clear", "init_start", "eval_accuracy", "block_start", "block_stop", "eval_start", "eval_stop"})
     if (count[k] < 1) bad.push_back(std::string("'") + k + "' never appears");
 
   std::map<std::string, std::string> first_value;
@@ -112,8 +117,8 @@ std::vector<std::string> check_mllog(const std::string& text, const std::string&
     const auto& md = l.metadata;
     if (l.time_ms < last_ms) bad.push_back(l.key + ": time_ms goes backwards");
     last_ms = l.time_ms;
-    const bool is_start = l.key.size() > 6 && l.key.compare(l.key.size() - 6, 6, "_start") == 0 &&
-                          l.key != "start_warmup_step";
+    const bool is_start =
+        l.key.size() > 6 && l.key.compare(l.key.size() - 6, 6, "_start") == 0 && l.key != "start_warmup_step";
     const bool is_stop = l.key.size() > 5 && l.key.compare(l.key.size() - 5, 5, "_stop") == 0;
     const std::string want = is_start ? "INTERVAL_START" : is_stop ? "INTERVAL_END" : "POINT_IN_TIME";
     if (l.event_type != want) bad.push_back(l.key + ": event_type " + l.event_type + ", not " + want);
@@ -147,7 +152,8 @@ std::vector<std::string> check_mllog(const std::string& text, const std::string&
       in_block = true;
     } else if (l.key == "block_stop") {
       if (!in_block) bad.push_back("block_stop without block_start");
-      if (!md["first_epoch_num"] && !md["samples_count"]) bad.push_back("block_stop lacks first_epoch_num/samples_count");
+      if (!md["first_epoch_num"] && !md["samples_count"])
+        bad.push_back("block_stop lacks first_epoch_num/samples_count");
       in_block = false;
     } else if (l.key == "eval_start" || l.key == "eval_stop") {
       if (!md["epoch_num"] && !md["samples_count"]) bad.push_back(l.key + " lacks epoch_num/samples_count");
@@ -184,11 +190,13 @@ std::string base_config(const std::string& dir) {
 }
 
 std::vector<std::string> train_args(const std::string& dir, const std::string& mllog) {
+  // clang-format off
   return {bs::test::bertsweep_bin(), "train", "--config", base_config(dir), "--set",
           "data.dir=" + bs::test::small_brown_dataset(), "--set", "log.mllog=" + mllog, "--set",
           "target.max_samples=800", "--set", "target.eval_every_samples=320", "--set", "batch.global=32", "--set",
-          "batch.micro=16", "--set", "data.eval_samples=256", "--set", "threads=2", "--set", "distributed.backend=none",
-          "--set", "precision=fp32", "--quiet"};
+          "batch.micro=16", "--set", "data.eval_samples=256", "--set", "threads=2", "--set",
+          "distributed.backend=none", "--set", "precision=fp32", "--quiet"};
+  // clang-format on
 }
 
 }  // namespace
@@ -251,9 +259,9 @@ TEST(MlLogE2E, OpenDivisionLogFollowsTheTraining500Rules) {
   // A closed-division LAMB run that starts from that checkpoint: the closed rules' keys, all once.
   const auto mllog2 = dir + "/mllog-closed.txt";
   auto args2 = train_args(dir, mllog2);
-  for (const std::string& s : std::vector<std::string>{"optimizer.name=lamb", "optimizer.lr=1e-12", "target.mlm_accuracy=0.72",
-                              "log.submission_division=closed", "log.submission_platform=test box",
-                              "model.init_checkpoint=" + ckpt}) {
+  for (const std::string& s : std::vector<std::string>{
+           "optimizer.name=lamb", "optimizer.lr=1e-12", "target.mlm_accuracy=0.72", "log.submission_division=closed",
+           "log.submission_platform=test box", "model.init_checkpoint=" + ckpt}) {
     args2.push_back("--set");
     args2.push_back(s);
   }
@@ -285,8 +293,9 @@ TEST(MlLogE2E, ClosedDivisionIsRefusedForARunTheClosedRulesDoNotAllow) {
            {{"optimizer.name=adamw", "target.mlm_accuracy=0.72", "model.init_checkpoint=x.pt"}, "LAMB"},
            {{"optimizer.name=lamb", "target.mlm_accuracy=0.5", "model.init_checkpoint=x.pt"}, "0.720"},
            {{"optimizer.name=lamb", "target.mlm_accuracy=0.72"}, "model.init_checkpoint"}}) {
-    std::vector<std::string> args = {bs::test::bertsweep_bin(), "train", "--config", base_config(dir), "--set",
-                                     "log.submission_division=closed", "--print-config"};
+    std::vector<std::string> args = {bs::test::bertsweep_bin(), "train", "--config",
+                                     base_config(dir),          "--set", "log.submission_division=closed",
+                                     "--print-config"};
     for (const auto& e : extra) {
       args.push_back("--set");
       args.push_back(e);

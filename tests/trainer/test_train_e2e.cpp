@@ -18,8 +18,8 @@
 #include <thread>
 
 #include "TestUtil.h"
-#include "common/ExitCodes.h"
-#include "trainer/ShardIO.h"
+#include "common/Errors.h"
+#include "dataset/ShardIO.h"
 
 namespace fs = std::filesystem;
 using bs::test::run;
@@ -29,7 +29,8 @@ namespace {
 std::string tiny_config(const std::string& dir, const std::string& extra = "") {
   std::string path = dir + "/train.yaml";
   std::ofstream(path) << "extends: " << bs::test::source_dir() << "/configs/models/bert-tiny.yaml\n"
-                      << "data: {dir: " << bs::test::small_brown_dataset() << ", seq_len: 128, sampler: local_presort}\n"
+                      << "data: {dir: " << bs::test::small_brown_dataset()
+                      << ", seq_len: 128, sampler: local_presort}\n"
                       << "optimizer: {name: adamw, lr: 0.003, weight_decay: 0.01}\n"
                       << "schedule: {name: poly, warmup_fraction: 0.05}\n"
                       << "batch: {global: 32, micro: 32}\n"
@@ -88,10 +89,9 @@ TEST(TrainE2E, LearnsFromContextAndSpeaksTheProtocol) {
   // data, bert-tiny leaves the unigram plateau at step ~100-150 with these settings for seeds 3, 4 and 5
   // (0.071 and 0.075 at 8000 samples for seeds 4 and 5), while a poly decay over the short run, or
   // lr >= 0.002, can keep it on the plateau for the whole run.
-  auto r = run({bs::test::bertsweep_bin(), "train", "--config",
-                tiny_config(dir), "--set", "log.mllog=" + mllog, "--set", "model.dropout=0.0", "--set",
-                "optimizer.lr=0.001", "--set", "schedule.total_steps=3000", "--set", "schedule.warmup_fraction=0.01",
-                "--set", "target.max_samples=8000", "--events", "stdout"});
+  auto r = run({bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set", "log.mllog=" + mllog,
+                "--set", "model.dropout=0.0", "--set", "optimizer.lr=0.001", "--set", "schedule.total_steps=3000",
+                "--set", "schedule.warmup_fraction=0.01", "--set", "target.max_samples=8000", "--events", "stdout"});
   ASSERT_EQ(r.exit_code, 0) << r.err;
   auto evals = events_of(r.out, "eval");
   ASSERT_EQ(evals.size(), 5u) << r.out;
@@ -137,9 +137,11 @@ TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
   // runs: the interrupted run is stopped at about step 11 (just after its first eval), so the resumed run
   // trains ~29 steps and evaluates 3 times. Dropout on: the RNG state must be restored too.
   auto args = [&](const std::vector<std::string>& extra) {
-    std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir),
-                                  "--set", "target.max_samples=1280", "--set", "target.eval_every_samples=320",
-                                  "--set", "data.eval_samples=128"};
+    // clang-format off
+    std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
+                                  "target.max_samples=1280", "--set", "target.eval_every_samples=320", "--set",
+                                  "data.eval_samples=128"};
+    // clang-format on
     a.insert(a.end(), extra.begin(), extra.end());
     return a;
   };
@@ -173,8 +175,8 @@ TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
   ASSERT_TRUE(WIFEXITED(status));
   ASSERT_EQ(WEXITSTATUS(status), bs::exit_code::kTerminated);
   ASSERT_TRUE(fs::exists(ck + "/checksums.txt"));
-  auto resumed = run(args({"--set", "checkpoint.dir=" + ck, "--resume", "--events", "stdout", "--dump-params",
-                           dir + "/resumed.bin"}));
+  auto resumed = run(
+      args({"--set", "checkpoint.dir=" + ck, "--resume", "--events", "stdout", "--dump-params", dir + "/resumed.bin"}));
   ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
   EXPECT_NE(resumed.err.find("resumed from"), std::string::npos) << resumed.err;
   auto a = events_of(full.out, "eval"), b = events_of(resumed.out, "eval");
@@ -192,6 +194,16 @@ TEST(TrainE2E, SigtermThenResumeMatchesUninterruptedRun) {
         EXPECT_NEAR(std::stod(e.at("loss")), std::stod(f.at("loss")), 1e-4) << "step " << e.at("step");
       }
     EXPECT_TRUE(found) << "step " << e.at("step");
+  }
+  // Its clock continues the interrupted run's: the wall time stored in the checkpoint comes back as seconds
+  // (a read into the wrong dtype once turned 10 s into 4.6e18), and the test itself bounds it.
+  const double test_seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  double previous = 0;
+  for (const auto& e : b) {
+    const double seconds = std::stod(e.at("seconds"));
+    EXPECT_GT(seconds, previous) << "step " << e.at("step");
+    EXPECT_LT(seconds, test_seconds + 1) << "step " << e.at("step") << ": more than the whole test took";
+    previous = seconds;
   }
   // And its final parameters equal the uninterrupted run's bit for bit.
   const auto pa = read_floats(dir + "/full.bin"), pb = read_floats(dir + "/resumed.bin");
@@ -233,6 +245,7 @@ constexpr int64_t kMpBatch = 16, kMpSteps = 4, kMpFull = kMpBatch * kMpSteps, kM
 bs::test::RunResult train_mp(const std::string& dir, const std::string& precision, int64_t samples,
                              const std::string& ckpt, bool resume, const std::string& dump) {
   // The schedule spans the whole run in every segment; an eval at the half-way checkpoint and at the end.
+  // clang-format off
   std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
                                 "precision=" + precision, "--set", "batch.global=" + std::to_string(kMpBatch),
                                 "--set", "batch.micro=" + std::to_string(kMpBatch), "--set",
@@ -240,6 +253,7 @@ bs::test::RunResult train_mp(const std::string& dir, const std::string& precisio
                                 "target.max_samples=" + std::to_string(samples), "--set",
                                 "target.eval_every_samples=" + std::to_string(kMpHalf), "--set",
                                 "data.eval_samples=64", "--events", "stdout", "--dump-params", dump};
+  // clang-format on
   if (!ckpt.empty()) a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt});
   if (resume) a.push_back("--resume");
   return run(a, 900);
@@ -294,19 +308,23 @@ TEST(TrainE2E, Bf16ResumesFromAnFp32CheckpointCloseToTheFp32Run) {
 // seed). Minutes where the CPU runs bf16 natively (AMX / AVX512-BF16); on a CPU without them bf16 matmul is
 // emulated ~8x slower than fp32, so there it runs only with BERTSWEEP_LONG_TESTS=1.
 TEST(TrainE2E, Bf16ReachesTheTinyTargetWithin15PercentOfFp32) {
-  const std::string isa = [] {
-    std::ifstream in("/proc/cpuinfo");
-    std::string text((std::istreambuf_iterator<char>(in)), {});
-    return text.find("amx_bf16") != std::string::npos || text.find("avx512_bf16") != std::string::npos;
-  }() ? "native" : "none";
-  if (isa == "none" && !std::getenv("BERTSWEEP_LONG_TESTS"))
+  const std::string isa =
+      [] {
+        std::ifstream in("/proc/cpuinfo");
+        std::string text((std::istreambuf_iterator<char>(in)), {});
+        return text.find("amx_bf16") != std::string::npos || text.find("avx512_bf16") != std::string::npos;
+      }()
+          ? "native"
+          : "none";
+  if (isa == "none" && !std::getenv("BERTSWEEP_LONG_TESTS")) {
     GTEST_SKIP() << "this CPU has no AMX/AVX512-BF16 (bf16 emulated, ~8x slower): set BERTSWEEP_LONG_TESTS=1";
+  }
   auto reach = [&](const std::string& precision) {
-    auto r = run({bs::test::bertsweep_bin(), "train", "--config",
-                  bs::test::source_dir() + "/configs/train/bert-tiny-brown.yaml", "--set",
-                  "data.dir=" + bs::test::brown_dataset(), "--set", "precision=" + precision, "--events", "stdout",
-                  "--quiet"},
-                 3600);
+    auto r = run(
+        {bs::test::bertsweep_bin(), "train", "--config", bs::test::source_dir() + "/configs/train/bert-tiny-brown.yaml",
+         "--set", "data.dir=" + bs::test::brown_dataset(), "--set", "precision=" + precision, "--events", "stdout",
+         "--quiet"},
+        3600);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     auto done = events_of(r.out, "done");
     EXPECT_EQ(done.size(), 1u);
