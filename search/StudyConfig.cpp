@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <filesystem>
 #include <regex>
 #include <set>
@@ -35,10 +36,15 @@ std::string scalar(const YAML::Node& n, const std::string& key, const std::strin
   return n.Scalar();
 }
 
-int64_t integer(const YAML::Node& n, const std::string& key, const std::string& source, int64_t min) {
+int64_t integer(const YAML::Node& n, const std::string& key, const std::string& source, int64_t min,
+                int64_t max = std::numeric_limits<int64_t>::max()) {
   ParamValue v = parse_scalar(scalar(n, key, source));
   if (!std::holds_alternative<int64_t>(v) || std::get<int64_t>(v) < min)
     throw ConfigError(where(n, source) + ": '" + key + "' must be an integer >= " + std::to_string(min) + ", got '" +
+                      n.Scalar() + "'");
+  // Counts are stored as int: a larger value would wrap silently (n_trials: 4294967296 became 0).
+  if (std::get<int64_t>(v) > max)
+    throw ConfigError(where(n, source) + ": '" + key + "' must be an integer <= " + std::to_string(max) + ", got '" +
                       n.Scalar() + "'");
   return std::get<int64_t>(v);
 }
@@ -176,7 +182,7 @@ struct LauncherKey {
 
 template <auto Member, int64_t Min>
 void read_count(const YAML::Node& v, const std::string& key, const Reading& r, LauncherConfig& l) {
-  l.*Member = static_cast<int>(integer(v, key, r.source, Min));
+  l.*Member = static_cast<int>(integer(v, key, r.source, Min, std::numeric_limits<int>::max()));
 }
 
 void read_kind(const YAML::Node& v, const std::string& key, const Reading& r, LauncherConfig& l) {
@@ -200,7 +206,7 @@ void read_gpus(const YAML::Node& g, const std::string& key, const Reading& r, La
                       "' must be a non-empty list of GPU ids, e.g. "
                       "[0, 1, 2, 3] (leave it out to use every GPU the controller sees)");
   for (const auto& e : g) {
-    std::string id = std::to_string(integer(e, key, r.source, 0));
+    std::string id = std::to_string(integer(e, key, r.source, 0, std::numeric_limits<int>::max()));
     if (std::find(l.gpus.begin(), l.gpus.end(), id) != l.gpus.end())
       throw ConfigError(where(e, r.source) + ": '" + key + "' lists GPU " + id +
                         " twice; list each GPU once (two trials must never share a GPU)");
@@ -436,7 +442,8 @@ void read_pruner(Reading& r, const std::string& key) {
 template <auto Member, int64_t Min>
 void read_integer(Reading& r, const std::string& key) {
   using T = std::decay_t<decltype(r.c.*Member)>;
-  if (r.node[key]) r.c.*Member = static_cast<T>(integer(r.node[key], key, r.source, Min));
+  if (r.node[key])
+    r.c.*Member = static_cast<T>(integer(r.node[key], key, r.source, Min, std::numeric_limits<T>::max()));
 }
 
 void read_trial_timeout(Reading& r, const std::string& key) {

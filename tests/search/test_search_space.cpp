@@ -70,8 +70,18 @@ TEST(SearchSpace, RefusesEmptyChoiceAndInvertedRange) {
 TEST(SearchSpace, RefusesUnknownStudyKeysAndBadValues) {
   EXPECT_NE(error_of("name: t\nsampler: tpe\nn_trails: 3\n").find("n_trails"), std::string::npos);
   EXPECT_NE(error_of("name: t\nsampler: bayes\n").find("sampler"), std::string::npos);
+  // Counts past int are refused, not wrapped (4294967296 trials once became 0, 4294967298 in parallel 2).
+  EXPECT_NE(error_of("name: t\nn_trials: 4294967296\n").find("n_trials' must be an integer <= 2147483647"),
+            std::string::npos)
+      << error_of("name: t\nn_trials: 4294967296\n");
+  EXPECT_NE(error_of("name: t\nparallel: 4294967298\n").find("parallel"), std::string::npos);
+  EXPECT_NE(error_of("name: t\nlauncher: {kind: mpirun, ranks: 4294967298}\n").find("launcher.ranks"),
+            std::string::npos)
+      << error_of("name: t\nlauncher: {kind: mpirun, ranks: 4294967298}\n");
+  EXPECT_NE(error_of("name: t\nlauncher: {kind: local, gpus: [3000000000]}\n").find("launcher.gpus"),
+            std::string::npos);
   // NaN is not a number of seconds: stored as .nan it could not be read back on resume.
-  for (const char* t : {".nan", "-1", ".inf"})
+  for (const char* t : {"nan", "inf", ".nan", "-1"})
     EXPECT_NE(error_of(std::string("name: t\ntrial_timeout: ") + t + "\n").find("trial_timeout"), std::string::npos)
         << t;
   EXPECT_NE(error_of("name: ../x\n").find("study name"), std::string::npos);
