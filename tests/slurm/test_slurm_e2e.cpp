@@ -65,6 +65,8 @@ std::vector<std::string> study_run(const std::string& file, const std::string& d
 }
 
 // This user's jobs of the test cluster whose name starts with `prefix` and that still hold or wait for CPUs.
+// COMPLETING counts: after the controller exits, a job that Slurm itself ended (TIMEOUT) can stay COMPLETING
+// for a few seconds of slurmd cleanup, so the tests wait up to 30 s for the list to empty.
 std::vector<std::string> live_jobs(const std::string& prefix) {
   auto r = search::run_command(
       {"squeue", "--noheader", "--states=PENDING,RUNNING,SUSPENDED,COMPLETING", "--format=%i %j %T"});
@@ -134,7 +136,7 @@ TEST(SlurmE2E, SrunTrialsCompleteAsJobsAndKeepTheirJobIds) {
   auto status = test::run({test::bertsweep_bin(), "study", "status", "sok", "--dir", dir});
   EXPECT_NE(status.out.find("slurm_job"), std::string::npos) << status.out;
   for (const auto& id : ids) EXPECT_NE(status.out.find(" " + id + " "), std::string::npos) << status.out;
-  EXPECT_TRUE(live_jobs("bs-sok-").empty()) << joined(live_jobs("bs-sok-"));
+  EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-sok-").empty(); }, 30)) << joined(live_jobs("bs-sok-"));
   fs::remove_all(dir);
 }
 
@@ -177,7 +179,7 @@ TEST(SlurmE2E, ImpossibleRequestIsAConfigErrorBeforeAnyTrial) {
   EXPECT_NE(r.err.find("nosuchpartition"), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("partition"), std::string::npos) << r.err;
   EXPECT_FALSE(fs::exists(dir + "/imp/study.db"));
-  EXPECT_TRUE(live_jobs("bs-imp-").empty()) << joined(live_jobs("bs-imp-"));
+  EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-imp-").empty(); }, 30)) << joined(live_jobs("bs-imp-"));
   fs::remove_all(dir);
 }
 
@@ -212,7 +214,7 @@ TEST(SlurmE2E, CancelledAndTimedOutTrialsKeepSlurmsReasonAndJobId) {
   ASSERT_FALSE(job1.empty());
   EXPECT_NE(t1.reason.find("job " + job1), std::string::npos) << t1.reason;
   EXPECT_NE(test::read_file(dir + "/controller.log").find("every trial failed"), std::string::npos);
-  EXPECT_TRUE(live_jobs("bs-sfail-").empty()) << joined(live_jobs("bs-sfail-"));
+  EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-sfail-").empty(); }, 30)) << joined(live_jobs("bs-sfail-"));
   fs::remove_all(dir);
 }
 
@@ -255,7 +257,7 @@ TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
   EXPECT_EQ(t0->reason.rfind("interrupted", 0), 0u) << t0->reason;
   EXPECT_EQ(t0->exit_code, exit_code::kTerminated) << t0->reason;
   EXPECT_TRUE(has_checkpoint(dir + "/ck-second")) << "the stopped trial wrote no checkpoint";
-  EXPECT_TRUE(live_jobs("bs-second-").empty()) << joined(live_jobs("bs-second-"));
+  EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-second-").empty(); }, 30)) << joined(live_jobs("bs-second-"));
   fs::remove_all(dir);
 }
 
