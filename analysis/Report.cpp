@@ -185,17 +185,13 @@ void best_per_cell_section(const StudyContext& s, std::size_t optimizers) {
       "The hyperparameters each (optimizer, batch) cell's best trial chose; `study confirm --per-batch` "
       "re-runs these with several seeds.");
   std::vector<std::vector<std::string>> rows;
-  auto key = [](const TrialRecord& t, const char* k) {
-    try {
-      return format_number(std::stod(config_value(t.config_yaml, k)));
-    } catch (const std::exception&) {
-      return std::string("-");
-    }
-  };
-  for (const auto& t : cells)
+  for (const auto& t : cells) {
+    const TrainConfig c = t.config();
     rows.push_back({trial_optimizer(t), std::to_string(trial_batch(t)), std::to_string(t.number),
-                    key(t, "optimizer.lr"), key(t, "optimizer.beta2"), key(t, "schedule.warmup_steps"),
-                    t.reached ? "yes" : "no", opt_num(t.samples_to_target)});
+                    format_number(c.optimizer.lr), format_number(c.optimizer.beta2),
+                    format_number(static_cast<double>(c.schedule.warmup_steps)), t.reached ? "yes" : "no",
+                    opt_num(t.samples_to_target)});
+  }
   s.doc.table({"optimizer", "batch", "trial", "lr", "beta2", "warmup steps", "reached", "samples to target"}, rows);
 }
 
@@ -206,8 +202,8 @@ void best_per_optimizer_section(const StudyContext& s, const std::vector<TrialRe
   double target = 0;
   for (const auto& t : best) {
     rows.push_back({trial_optimizer(t), std::to_string(t.number), std::to_string(trial_batch(t)),
-                    format_number(std::stod(config_value(t.config_yaml, "optimizer.lr"))), t.reached ? "yes" : "no",
-                    opt_num(t.samples_to_target), opt_num(t.seconds_to_target), opt_num(t.final_mlm_accuracy)});
+                    format_number(t.config().optimizer.lr), t.reached ? "yes" : "no", opt_num(t.samples_to_target),
+                    opt_num(t.seconds_to_target), opt_num(t.final_mlm_accuracy)});
     Curve c;
     c.label =
         trial_optimizer(t) + " (trial " + std::to_string(t.number) + ", batch " + std::to_string(trial_batch(t)) + ")";
@@ -216,10 +212,7 @@ void best_per_optimizer_section(const StudyContext& s, const std::vector<TrialRe
       c.accuracy.push_back(e.mlm_accuracy);
     }
     curves.push_back(c);
-    try {
-      target = std::stod(config_value(t.config_yaml, "target.mlm_accuracy"));
-    } catch (const std::exception&) {
-    }
+    target = t.config().target.mlm_accuracy;
   }
   if (rows.empty()) {
     s.doc.para("No COMPLETE trial yet.");

@@ -25,25 +25,9 @@ Stats stats_of(const std::vector<double>& xs, bool minimize) {
   return s;
 }
 
-std::string trial_optimizer(const TrialRecord& t) {
-  if (t.config_yaml.empty()) return "?";
-  try {
-    std::string v = config_value(t.config_yaml, "optimizer.name");
-    return v.empty() ? "?" : v;
-  } catch (const std::exception&) {
-    return "?";
-  }
-}
+std::string trial_optimizer(const TrialRecord& t) { return t.config_yaml.empty() ? "?" : t.config().optimizer.name; }
 
-int64_t trial_batch(const TrialRecord& t) {
-  if (t.config_yaml.empty()) return -1;
-  try {
-    std::string v = config_value(t.config_yaml, "batch.global");
-    return v.empty() ? -1 : std::strtoll(v.c_str(), nullptr, 10);
-  } catch (const std::exception&) {
-    return -1;
-  }
-}
+int64_t trial_batch(const TrialRecord& t) { return t.config_yaml.empty() ? -1 : t.config().batch.global; }
 
 std::vector<GroupRow> optimizer_batch_table(const std::vector<TrialRecord>& trials) {
   std::map<std::pair<std::string, int64_t>, GroupRow> rows;

@@ -1,4 +1,5 @@
-// `study export` and `study confirm`: parse options, call studies/ConfigExport and analysis/ConfirmRunner.
+// `study export` and `study confirm`: parse options, call studies/ConfigExport; for confirm, the trials
+// analysis/ConfirmSelection picks are run by search/ConfirmRuns and summarised by analysis again.
 #include <filesystem>
 #include <fstream>
 #include <iostream>
@@ -7,13 +8,14 @@
 
 #include <yaml-cpp/yaml.h>
 
-#include "analysis/ConfirmRunner.h"
+#include "analysis/ConfirmSelection.h"
 #include "analysis/Report.h"
 #include "analysis/StudyTables.h"
 #include "cli/Args.h"
 #include "cli/Commands.h"
 #include "common/Errors.h"
 #include "common/TrainConfig.h"
+#include "search/ConfirmRuns.h"
 #include "studies/ConfigExport.h"
 #include "studies/StudyStore.h"
 
@@ -61,7 +63,8 @@ const char* kConfirmHelp = R"(usage: bertsweep study confirm NAME [--seeds N|S1,
 
 Re-runs the best config of each optimizer of the study (the `study export --best --where optimizer=X` config)
 with several seeds: `bertsweep train --config <cfg> --set seed=S --events fd:3 --quiet`, under the study's
-launcher, K at a time (each with cores/K threads). Each run is stored in the study file (table bs_confirm,
+launcher (ranks, cpus_per_trial, mpirun/srun, GPUs), K at a time (threads per rank as `study run` computes
+them for parallel K). Each run is stored in the study file (table bs_confirm,
 written only by this command; runs under studies/NAME/confirm/session-N/), and the mean +- std of samples to
 target per optimizer (and batch) is printed; `bertsweep report` includes the latest session of each pair and,
 with several batch sizes per optimizer, plots samples to target vs batch size with error bars.
@@ -77,8 +80,14 @@ with several batch sizes per optimizer, plots samples to target vs batch size wi
                    read (e.g. python -m mlperf_logging.rcp_checker DIR/lamb-b32/bert); refused when a
                    result_N.txt it would write exists already
 
+Runs go through the controller's trial pool: the study's trial_timeout stops a run without an event for that
+long (stored with its exit code and reason, as not reached), launcher.queue_timeout a Slurm job that does not
+start. Ctrl-C (SIGINT/SIGTERM) drains: no new run starts, running ones finish and are stored; runs not
+started are not stored. A second signal stops the running runs (SIGTERM, SIGKILL after 10 s; those cut short
+are not stored), a third kills at once.
+
 exit codes: 0 ok (at least one run finished), 2 usage error, 7 unknown study / no COMPLETE trial / none reached
-the target / every run failed
+the target / every run failed, 6 stopped by SIGINT/SIGTERM (drained, as `study run`)
 )";
 
 Argv strip_subcommand(const Argv& args, const std::string& sub) {
@@ -109,7 +118,7 @@ std::string where_hint(const std::vector<TrialRecord>& trials, const TrialFilter
   for (const auto& [key, wanted] : filter.terms()) {
     std::set<std::string> seen;
     for (const auto& t : trials)
-      if (t.state == trial_state::kComplete && !t.config_yaml.empty()) seen.insert(config_value(t.config_yaml, key));
+      if (t.state == trial_state::kComplete && !t.config_yaml.empty()) seen.insert(t.config().text(key));
     std::string vals;
     for (const auto& v : seen) vals += (vals.empty() ? "" : ", ") + v;
     hint += (hint.empty() ? "" : "; ") + key + " of the COMPLETE trials: " + (vals.empty() ? "none" : vals);
@@ -277,10 +286,11 @@ std::vector<int64_t> parse_seeds(const std::string& s) {
 int confirm_study(const Args& a) {
   a.allow_only({"seeds", "per-batch", "include-unreached", "parallel", "set", "dir", "quiet", "mllog-dir", "help"});
   if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
-  analysis::ConfirmOptions o;
+  search::ConfirmRunOptions o;
   o.study = a.positional()[0];
   o.dir = a.get("dir", "studies");
   o.seeds = parse_seeds(a.get("seeds", "5"));
+  if (o.seeds.empty()) throw std::invalid_argument("study confirm: give at least one seed (--seeds N)");
   o.parallel = static_cast<int>(a.get_int("parallel", 1));
   if (o.parallel < 1) throw UsageError("--parallel must be >= 1");
   o.sets = a.all("set");
@@ -295,10 +305,17 @@ int confirm_study(const Args& a) {
   if (!o.mllog_dir.empty() && fs::exists(o.mllog_dir) && !fs::is_directory(o.mllog_dir))
     throw UsageError("--mllog-dir " + o.mllog_dir + " is not a folder");
   o.per_batch = a.has("per-batch");
-  o.include_unreached = a.has("include-unreached");
   o.trainer_exe = self_exe();
-  const auto result = analysis::run_confirm(o, std::cerr);
-  std::cout << analysis::confirm_summary_text(result.summary);
+  const analysis::ConfirmChoice choice{o.dir, o.study, o.per_batch, a.has("include-unreached"), o.quiet};
+  for (const auto& t : analysis::trials_to_confirm(choice, std::cerr))
+    o.sources.push_back({t, analysis::trial_optimizer(t), analysis::trial_batch(t)});
+  const auto result = search::run_confirmations(o, std::cerr);
+  std::cout << analysis::confirm_summary_text(analysis::confirm_session_summary(result.db, result.session));
+  if (result.drained) {  // as `study run` after a drain
+    std::cerr << "bertsweep study confirm: stopped by a signal; the runs that finished are stored (session "
+              << result.session << ")\n";
+    return exit_code::kTerminated;
+  }
   for (const auto& r : result.runs)
     if (r.exit_code == 0) return exit_code::kOk;
   std::cerr << "bertsweep study confirm: every run failed; see the logs under " << o.dir << "/" << o.study

@@ -12,7 +12,7 @@ std::string exit_codes_summary() {
 }
 
 std::string describe(const Error& e, const std::string& who) {
-  if (dynamic_cast<const UsageError*>(&e)) return who + ": " + e.what() + " (see " + who + " --help)";
+  if (e.see_help()) return who + ": " + e.what() + " (see " + who + " --help)";
   const std::string kind = e.kind();
   return who + ": " + (kind.empty() ? "" : kind + ": ") + e.what();
 }

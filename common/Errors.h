@@ -41,20 +41,23 @@ std::string exit_codes_summary();
 // An error the user can act on: the message names the file, the key (or option) and the fix.
 class Error : public std::runtime_error {
  public:
-  Error(int exit_code, const char* kind, const std::string& message)
-      : std::runtime_error(message), exit_code_(exit_code), kind_(kind) {}
+  Error(int exit_code, const char* kind, const std::string& message, bool see_help = false)
+      : std::runtime_error(message), exit_code_(exit_code), kind_(kind), see_help_(see_help) {}
   int exit_code() const { return exit_code_; }
   // The words before the message ("config error"), or "" where the message says it all.
   const char* kind() const { return kind_; }
+  // The fix is in the command's --help (a bad command line).
+  bool see_help() const { return see_help_; }
 
  private:
   int exit_code_;
   const char* kind_;
+  bool see_help_;
 };
 
 // A bad command line (option missing, not a number, unknown): exit 2, with a pointer to --help.
 struct UsageError : Error {
-  explicit UsageError(const std::string& m) : Error(exit_code::kUsage, "", m) {}
+  explicit UsageError(const std::string& m) : Error(exit_code::kUsage, "", m, /*see_help=*/true) {}
 };
 // A config problem: the message names the file, the key path, the line and what would fix it. Exit 2.
 struct ConfigError : Error {

@@ -11,6 +11,8 @@
 #include <sstream>
 #include <variant>
 
+#include "common/Choices.h"
+
 namespace bs {
 namespace fs = std::filesystem;
 
@@ -232,20 +234,14 @@ YAML::Node load_with_extends(const std::string& path, int depth) {
   return yaml::merge(merged, node);
 }
 
-const std::set<std::string>& one_of(const std::string& key) {
+// The values a choice key accepts: the enum keys' from common/Choices.h, and the MLLOG submission keys.
+std::set<std::string> one_of(const std::string& key) {
   static const std::map<std::string, std::set<std::string>> m = {
-      {"data.sampler", {"random", "global_sort", "local_presort", "packing"}},
-      {"optimizer.name", {"adam", "adamw", "lamb", "nvlamb", "lans", "sgd"}},
-      {"schedule.name", {"constant", "poly", "linear", "cosine", "inv_sqrt"}},
-      {"clip.mode", {"none", "global_after_allreduce", "bucket_before_allreduce", "local_before_allreduce"}},
-      {"distributed.backend", {"none", "mpi", "nccl", "auto"}},
-      {"distributed.grad_dtype", {"fp32", "compute"}},
-      {"device", {"auto", "cpu", "cuda"}},
-      {"precision", {"auto", "fp32", "bf16", "fp16"}},
       {"log.submission_division", {"open", "closed"}},
       {"log.submission_status", {"available", "preview", "research", "onprem", "cloud"}},
   };
-  return m.at(key);
+  const auto& enum_values = choice_values(key);
+  return enum_values.empty() ? m.at(key) : std::set<std::string>(enum_values.begin(), enum_values.end());
 }
 
 }  // namespace
@@ -417,6 +413,71 @@ std::string TrainConfig::to_yaml_string() const {
 
 namespace {
 
+// The table entry of `key` in `fields`; ConfigError for a key the table does not have.
+const Field& field_named(const std::vector<Field>& fields, const std::string& key, const std::string& source) {
+  for (const auto& f : fields)
+    if (f.path == key) return f;
+  throw ConfigError(source + ": unknown key '" + key + "' (see `bertsweep train --help` for keys)");
+}
+
+}  // namespace
+
+void TrainConfig::set(const std::string& key, const std::string& value, const std::string& source) {
+  YAML::Node node(YAML::NodeType::Map);
+  yaml::set_path(node, "v=" + value, source);  // the same YAML parsing of the value as --set
+  const auto fields = fields_of(*this);
+  assign(field_named(fields, key, source), node["v"], source);
+}
+
+std::string TrainConfig::text(const std::string& key) const {
+  TrainConfig copy = *this;
+  const auto fields = fields_of(copy);
+  YAML::Node root(YAML::NodeType::Map);
+  emit(field_named(fields, key, "config"), root);
+  const auto dot = key.find('.');  // keys have one or two levels (emit() writes them so)
+  const YAML::Node value = dot == std::string::npos ? root[key] : root[key.substr(0, dot)][key.substr(dot + 1)];
+  if (value.IsScalar()) return value.Scalar();
+  YAML::Emitter out;  // lists, in the flow style to_yaml_string() writes
+  out << value;
+  return out.c_str();
+}
+
+TrainConfig TrainConfig::read_stored(const std::string& yaml_text) {
+  TrainConfig c;
+  YAML::Node loaded;
+  try {
+    loaded = YAML::Load(yaml_text);
+  } catch (const YAML::Exception&) {
+    return c;
+  }
+  if (!loaded.IsMap()) return c;
+  const YAML::Node& root = loaded;  // const: indexing a missing key must not add it
+  for (const auto& f : fields_of(c)) {
+    // Copies, not assignments: assigning a missing key's (invalid) node throws in yaml-cpp.
+    const auto dot = f.path.find('.');
+    const YAML::Node section = dot == std::string::npos ? root : root[f.path.substr(0, dot)];
+    if (!section || !section.IsMap()) continue;
+    const YAML::Node value = section[dot == std::string::npos ? f.path : f.path.substr(dot + 1)];
+    if (!value || value.IsNull()) continue;
+    try {
+      assign(f, value, "stored config");
+    } catch (const ConfigError&) {  // a value this version refuses: keep the default
+    }
+  }
+  return c;
+}
+
+double TrainConfig::number(const std::string& key) const {
+  TrainConfig copy = *this;
+  const auto fields = fields_of(copy);
+  const FieldPtr& p = field_named(fields, key, "config").ptr;
+  if (auto i = std::get_if<int64_t*>(&p)) return static_cast<double>(**i);
+  if (auto d = std::get_if<double*>(&p)) return **d;
+  throw ConfigError("key '" + key + "' is " + type_name(p) + ", not a number");
+}
+
+namespace {
+
 // Throws the ConfigError of one key: "<source>: key 'k' <what>".
 struct KeyCheck {
   const std::string& source;
@@ -424,7 +485,7 @@ struct KeyCheck {
     throw ConfigError(source + ": key '" + key + "' " + what);
   }
   void one_of(const std::string& key, const std::string& v) const {
-    const auto& allowed = bs::one_of(key);
+    const auto allowed = bs::one_of(key);
     if (!allowed.count(v)) {
       std::string list;
       for (const auto& a : allowed) list += (list.empty() ? "" : ", ") + a;
@@ -437,7 +498,8 @@ struct KeyCheck {
 // (LAMB: the checker's closed_bert rules want the opt_lamb_* keys), the quality target 0.720 (the
 // checker wants an eval_accuracy >= 0.720) and the start from the phase-1 checkpoint.
 void check_closed_division(const TrainConfig& c, const KeyCheck& k) {
-  if (c.optimizer.name != "lamb" && c.optimizer.name != "nvlamb")
+  const OptimizerKind opt = parse_choice<OptimizerKind>(c.optimizer.name);
+  if (opt != OptimizerKind::kLamb && opt != OptimizerKind::kNvLamb)
     k.fail("log.submission_division", "is 'closed', but optimizer.name is '" + c.optimizer.name +
                                           "': MLPerf's closed BERT rules allow only LAMB (lamb or nvlamb); "
                                           "set log.submission_division: open or optimizer.name: lamb");

@@ -123,6 +123,19 @@ struct TrainConfig {
   YAML::Node to_yaml() const;
   std::string to_yaml_string() const;
 
+  // One key through the key table, the value parsed as YAML text as --set parses it. No range checks here:
+  // some span keys (heads must divide hidden), so call validate() once every value is set.
+  void set(const std::string& key, const std::string& value, const std::string& source);
+  // A key's value as text, as to_yaml_string() writes it ("lamb", "4096", "0.001", "[32, 64]").
+  std::string text(const std::string& key) const;
+  // A numeric key's value (integer keys converted); throws ConfigError naming the key for any other key.
+  double number(const std::string& key) const;
+
+  // A config as stored with a result (a study's trial row, a confirmation run), for reading results: keys
+  // an older bertsweep wrote that this one no longer knows, or values it no longer accepts, are skipped
+  // (their defaults stay), and nothing is range-checked. Never for running: use from_yaml.
+  static TrainConfig read_stored(const std::string& yaml_text);
+
   // Range and consistency checks; throws ConfigError naming the key.
   void validate(const std::string& source = "config") const;
 

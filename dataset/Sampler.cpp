@@ -4,6 +4,9 @@
 #include <numeric>
 #include <stdexcept>
 
+#include "common/Choices.h"
+#include "common/Errors.h"
+
 namespace bs {
 namespace {
 
@@ -243,11 +246,18 @@ std::unique_ptr<BatchSampler> make_sampler(const SamplerOptions& opt, const std:
     bad("batch.global=" + std::to_string(opt.global_batch) + " must be a positive multiple of the " +
         std::to_string(opt.world) + " ranks");
   if (opt.micro_batch <= 0) bad("batch.micro must be > 0");
-  if (opt.kind == "random") return std::make_unique<RandomSampler>(opt, lengths);
-  if (opt.kind == "global_sort") return std::make_unique<GlobalSortSampler>(opt, lengths);
-  if (opt.kind == "local_presort") return std::make_unique<LocalPresortSampler>(opt, lengths);
-  if (opt.kind == "packing") return std::make_unique<PackingSampler>(opt, lengths);
-  bad("unknown kind; data.sampler must be one of random, global_sort, local_presort, packing");
+  SamplerKind kind = SamplerKind::kRandom;
+  try {
+    kind = parse_choice<SamplerKind>(opt.kind);
+  } catch (const ConfigError&) {
+    bad("unknown kind; data.sampler must be one of random, global_sort, local_presort, packing");
+  }
+  switch (kind) {
+    case SamplerKind::kRandom: return std::make_unique<RandomSampler>(opt, lengths);
+    case SamplerKind::kGlobalSort: return std::make_unique<GlobalSortSampler>(opt, lengths);
+    case SamplerKind::kLocalPresort: return std::make_unique<LocalPresortSampler>(opt, lengths);
+    case SamplerKind::kPacking: return std::make_unique<PackingSampler>(opt, lengths);
+  }
   return nullptr;
 }
 

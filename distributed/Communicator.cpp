@@ -11,6 +11,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/Choices.h"
 #include "common/Env.h"
 
 namespace bs {
@@ -99,24 +100,25 @@ double Communicator::allreduce(double x, ReduceOp op) {
 }
 
 std::unique_ptr<Communicator> make_communicator(const DistributedConfig& cfg, bool cuda) {
-  std::string backend = cfg.backend;
-  if (backend == "auto") {
+  using B = BackendKind;
+  B backend = parse_choice<B>(cfg.backend);
+  if (backend == B::kAuto) {
     LaunchInfo info = detect_launch();
     const bool many = !info.launcher.empty() && info.world > 1;
-    backend = !many ? "none" : cuda ? "nccl" : "mpi";
+    backend = !many ? B::kNone : cuda ? B::kNccl : B::kMpi;
   }
-  if (cuda && backend == "mpi")
+  if (cuda && backend == B::kMpi)
     throw ConfigError("distributed.backend: mpi reduces CPU tensors, but device is cuda; use nccl or auto");
-  if (!cuda && backend == "nccl")
+  if (!cuda && backend == B::kNccl)
     throw ConfigError("distributed.backend: nccl reduces GPU tensors, but device is cpu; use mpi or auto");
-  if (backend == "none") return std::make_unique<NoneCommunicator>();
+  if (backend == B::kNone) return std::make_unique<NoneCommunicator>();
 #ifdef BERTSWEEP_WITH_MPI
-  if (backend == "mpi") return make_mpi_communicator(cfg);
+  if (backend == B::kMpi) return make_mpi_communicator(cfg);
 #else
-  if (backend == "mpi")
+  if (backend == B::kMpi)
     throw ConfigError("distributed.backend: mpi is not built in (a core-only build, BERTSWEEP_CORE_ONLY); use none");
 #endif
-  if (backend == "nccl") {
+  {  // nccl
 #ifdef BERTSWEEP_WITH_NCCL
 #ifdef BERTSWEEP_WITH_MPI
     const bool alone = detect_launch().world <= 1;
@@ -134,7 +136,6 @@ std::unique_ptr<Communicator> make_communicator(const DistributedConfig& cfg, bo
         "use mpi, or rebuild against a CUDA LibTorch with NCCL");
 #endif
   }
-  throw ConfigError("distributed.backend: unknown backend '" + cfg.backend + "'; use none, mpi, nccl or auto");
 }
 
 void check_same_config(Communicator& comm, const std::string& resolved_config) {

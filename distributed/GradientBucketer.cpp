@@ -54,7 +54,7 @@ double union_seconds(std::vector<std::pair<Clock::time_point, Clock::time_point>
 GradientBucketer::GradientBucketer(const std::vector<torch::Tensor>& params, Communicator& comm, const ClipConfig& clip,
                                    std::optional<torch::ScalarType> reduce_dtype,
                                    const std::vector<torch::Tensor>& flat_grads)
-    : comm_(comm), clip_(clip), mode_(parse_clip_mode(clip.mode)) {
+    : comm_(comm), clip_(clip), mode_(parse_choice<ClipMode>(clip.mode)) {
   if (clip.bucket_mb <= 0) throw ConfigError("clip.bucket_mb must be > 0");
   // Tied weights appear once.
   for (const auto& p : params) {

@@ -8,6 +8,7 @@
 #pragma once
 #include <cstdint>
 
+#include "common/Choices.h"
 #include "common/TrainConfig.h"
 
 namespace bs::optim {
@@ -22,6 +23,7 @@ class LrSchedule {
 
  private:
   bs::ScheduleConfig cfg_;
+  bs::ScheduleKind kind_;
   double base_;
   int64_t total_;
   int64_t warmup_;

@@ -6,6 +6,7 @@
 #include <stdexcept>
 #include <tuple>
 
+#include "common/Choices.h"
 #include "optimizers/Adam.h"
 #include "optimizers/Lamb.h"
 #include "optimizers/Lans.h"
@@ -13,10 +14,7 @@
 
 namespace bs::optim {
 
-const std::vector<std::string>& optimizer_names() {
-  static const std::vector<std::string> names = {"adam", "adamw", "lamb", "nvlamb", "lans", "sgd"};
-  return names;
-}
+const std::vector<std::string>& optimizer_names() { return bs::choice_values("optimizer.name"); }
 
 namespace {
 
@@ -61,26 +59,17 @@ std::vector<FlatParamGroup> build_groups(const bs::OptimizerConfig& cfg, const N
 
 std::unique_ptr<Optimizer> make_optimizer(const bs::OptimizerConfig& cfg, const NamedParams& params,
                                           Grouping grouping) {
-  const auto& n = cfg.name;
-  const auto& names = optimizer_names();
-  if (std::find(names.begin(), names.end(), n) == names.end()) {
-    std::string list;
-    for (const auto& s : names) list += (list.empty() ? "" : "|") + s;
-    throw bs::ConfigError("optimizer.name: unknown optimizer '" + n + "'; use one of " + list);
-  }
+  const bs::OptimizerKind kind = bs::parse_choice<bs::OptimizerKind>(cfg.name);
   auto groups = build_groups(cfg, params, grouping);
   std::unique_ptr<FlatOptimizer> opt;
-  if (n == "adam") opt = std::make_unique<Adam>(cfg, std::move(groups), false);
-  else if (n == "adamw")
-    opt = std::make_unique<Adam>(cfg, std::move(groups), true);
-  else if (n == "lamb")
-    opt = std::make_unique<Lamb>(cfg, std::move(groups), false);
-  else if (n == "nvlamb")
-    opt = std::make_unique<Lamb>(cfg, std::move(groups), true);
-  else if (n == "lans")
-    opt = std::make_unique<Lans>(cfg, std::move(groups));
-  else
-    opt = std::make_unique<SgdMomentum>(cfg, std::move(groups));
+  switch (kind) {
+    case bs::OptimizerKind::kAdam: opt = std::make_unique<Adam>(cfg, std::move(groups), false); break;
+    case bs::OptimizerKind::kAdamW: opt = std::make_unique<Adam>(cfg, std::move(groups), true); break;
+    case bs::OptimizerKind::kLamb: opt = std::make_unique<Lamb>(cfg, std::move(groups), false); break;
+    case bs::OptimizerKind::kNvLamb: opt = std::make_unique<Lamb>(cfg, std::move(groups), true); break;
+    case bs::OptimizerKind::kLans: opt = std::make_unique<Lans>(cfg, std::move(groups)); break;
+    case bs::OptimizerKind::kSgd: opt = std::make_unique<SgdMomentum>(cfg, std::move(groups)); break;
+  }
   // The baseline is a plain loop of whole-tensor ops per parameter.
   if (grouping == Grouping::per_parameter) opt->set_block_size(0);
   return opt;

@@ -1,7 +1,6 @@
 #include "search/Controller.h"
 
 #include <fcntl.h>
-#include <poll.h>
 #include <signal.h>
 #include <sys/file.h>
 #include <unistd.h>
@@ -14,9 +13,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <iomanip>
 #include <iostream>
-#include <list>
 #include <memory>
 #include <sstream>
 #include <thread>
@@ -28,6 +27,7 @@
 #include "search/Slurm.h"
 #include "search/TrialEvent.h"
 #include "search/TrialLauncher.h"
+#include "search/TrialPool.h"
 #include "studies/StudyStore.h"
 
 namespace bs::search {
@@ -42,22 +42,6 @@ std::string hostname() {
   char buf[256] = {0};
   gethostname(buf, sizeof buf - 1);
   return buf;
-}
-
-std::string value_at(const std::string& yaml_text, const std::string& key) {
-  try {
-    return yaml::scalar_at(YAML::Load(yaml_text), key);
-  } catch (...) {
-    return "";
-  }
-}
-
-double number_at(const std::string& yaml_text, const std::string& key) {
-  try {
-    return std::stod(value_at(yaml_text, key));
-  } catch (...) {
-    return std::nan("");
-  }
 }
 
 std::string last_line_of(const std::string& path) {
@@ -91,67 +75,23 @@ bool retryable(const TrialRecord& r) {
 
 struct RunningTrial {
   TrialRecord rec;
+  TrainConfig config;  // rec.config_yaml is this, serialised
   std::map<std::string, ParamValue> params;
-  std::unique_ptr<TrialProcess> proc;
+  TrialPool::Run* run = nullptr;  // its process, in pool_ (which owns it) until it has exited
   int64_t eval_every = 1;
   int64_t last_step = -1;
-  double last_event = 0;
-  double term_sent = 0;
-  bool prune_requested = false, timed_out = false, killed = false;
+  bool prune_requested = false;
   std::optional<TrialEvent> done;
   double last_acc = 0;
   int64_t last_samples = 0;
   std::string label;
-  std::vector<std::string> gpus;  // its GPU slot (empty: a CPU trial)
-  // Slurm (launcher.kind srun): its job, or its step of the controller's allocation, once known (squeue
-  // while it queues; the trainer's start event names both).
-  bool slurm = false, started = false;  // started: its first event arrived
-  std::string job_name, slurm_id;       // slurm_id: "12" or "12.3"
-  double launched = 0, next_slurm_poll = 0;
-  bool queue_timed_out = false, interrupted = false, no_retry = false;
-
-  RunningTrial() = default;
-  RunningTrial(const RunningTrial&) = delete;
-  RunningTrial& operator=(const RunningTrial&) = delete;
-  // Dropped while still running (the controller is failing): a Slurm job is cancelled by id, since killing
-  // srun alone can leave the job allocated; the TrialProcess then kills the local process group.
-  ~RunningTrial() {
-    if (slurm && !slurm_id.empty() && proc && !proc->exit_code()) slurm_cancel(slurm_id);
-  }
+  bool no_retry = false;
 };
 
-// Ctrl-C / SIGTERM: the first one drains (no new trials; running ones finish and are recorded).
-// A second one stops the running trials the graceful way (SIGTERM, or scancel --signal=TERM under Slurm,
-// killed after the grace period), records them and exits; a third one kills the controller at once.
-volatile sig_atomic_t g_stop_signal = 0, g_stop_now = 0;
-extern "C" void on_stop_signal(int sig) {
-  if (g_stop_now) {
-    signal(sig, SIG_DFL);
-    raise(sig);
-    return;
-  }
-  if (g_stop_signal) g_stop_now = sig;
-  else
-    g_stop_signal = sig;
-}
-
-struct StopSignals {
-  using SigAction = struct sigaction;
-  SigAction old_int{}, old_term{};
-  StopSignals() {
-    g_stop_signal = 0;
-    g_stop_now = 0;
-    struct sigaction sa {};
-    sa.sa_handler = on_stop_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGINT, &sa, &old_int);
-    sigaction(SIGTERM, &sa, &old_term);
-  }
-  ~StopSignals() {
-    sigaction(SIGINT, &old_int, nullptr);
-    sigaction(SIGTERM, &old_term, nullptr);
-  }
-};
+// Ctrl-C / SIGTERM (StopSignals, TrialPool::take_interrupt): the first one drains (no new trials; running
+// ones finish and are recorded). A second one stops the running trials the graceful way (SIGTERM, or
+// scancel --signal=TERM under Slurm, killed after the grace period), records them and exits; a third one
+// kills the controller at once.
 
 class StudyRun {
  public:
@@ -159,7 +99,12 @@ class StudyRun {
   StudyRun(const StudyConfig& c, const ControllerOptions& o, const std::string& dir, std::vector<std::string> gpus,
            int threads)
       : c_(c), o_(o), dir_(dir), store_(dir + "/study.db"), threads_(threads), gpus_(gpus),
-        slots_(std::move(gpus), c.launcher.gpus_per_trial) {}
+        pool_(pool_options(c, o, std::move(gpus), threads, [this](const std::string& s) { say(s); })) {
+    pool_.on_slurm_id = [this](TrialPool::Run& run, const std::string& id) {
+      // With the trial, like its GPUs: `study status` shows it and resume cancels the job by it.
+      bridge_->set_user_attr(run.id, "bs_slurm_job", id);
+    };
+  }
 
   int run() {
     // Refusals come before anything is written: a continued study's row is only rewritten when its config
@@ -181,41 +126,26 @@ class StudyRun {
              : std::string()) +
         ", objective " + c_.objectives[0] + " (" + c_.directions[0] + ")");
     StopSignals stop_signals;
-    bool draining = false, stopping = false;
+    bool draining = false;
     for (;;) {
-      if (g_stop_now && !stopping) {
-        stopping = draining = true;
-        say("stopping " + std::to_string(running_.size()) + " running trial(s) now" +
-            (slurm() ? " (scancel --signal=TERM" : " (SIGTERM") + ", killed after " + fmt(o_.kill_grace_s) +
-            " s; signal a third time to kill the controller at once)");
-        for (auto& r : running_) {
-          if (r->term_sent > 0) continue;
-          r->interrupted = true;
-          r->rec.reason = "interrupted: the controller was told to stop now (second signal)";
-          stop_trial(*r);
-        }
-      }
-      if (g_stop_signal && !draining) {
-        draining = true;
-        say(std::string(g_stop_signal == SIGINT ? "interrupted" : "terminated") + ": no new trials; waiting for " +
-            std::to_string(running_.size()) + " running trial(s) to finish (signal again to stop them now; " +
-            "`bertsweep study resume " + c_.name + "` re-queues them)");
+      switch (pool_.take_interrupt("interrupted: the controller was told to stop now (second signal)")) {
+        case TrialPool::Interrupt::kStopNow: draining = true; break;
+        case TrialPool::Interrupt::kDrain:
+          draining = true;
+          say(std::string(pool_.drain_signal() == SIGINT ? "interrupted" : "terminated") +
+              ": no new trials; waiting for " + std::to_string(running_.size()) +
+              " running trial(s) to finish (signal again to stop them now; " + "`bertsweep study resume " + c_.name +
+              "` re-queues them)");
+          break;
+        case TrialPool::Interrupt::kNone: break;
       }
       while (!draining && static_cast<int>(running_.size()) < c_.parallel && budget_left()) launch_one();
       if (running_.empty()) break;
-      wait_for_events();
-      for (auto it = running_.begin(); it != running_.end();) {
-        RunningTrial& r = **it;
-        for (const auto& line : r.proc->read_lines()) handle_line(r, line);
-        if (auto code = r.proc->poll_exit()) {
-          for (const auto& line : r.proc->read_lines()) handle_line(r, line);
-          finish(r, *code);
-          it = running_.erase(it);
-          continue;
-        }
-        enforce_limits(r);
-        ++it;
-      }
+      pool_.step([this](TrialPool::Run& run, const TrialEvent& ev) { handle_line(*running_.at(run.id), ev.line); },
+                 [this](TrialPool::Run& run, int code) {
+                   finish(*running_.at(run.id), code);
+                   running_.erase(run.id);
+                 });
     }
     summary();
     if (draining) {
@@ -238,6 +168,18 @@ class StudyRun {
  private:
   void say(const std::string& s) const {
     if (!o_.quiet) std::cerr << "[" << c_.name << "] " << s << "\n" << std::flush;
+  }
+
+  static PoolOptions pool_options(const StudyConfig& c, const ControllerOptions& o, std::vector<std::string> gpus,
+                                  int threads, std::function<void(const std::string&)> say) {
+    PoolOptions p;
+    p.launcher = c.launcher;
+    p.trainer_exe = o.trainer_exe;
+    p.resources = {std::move(gpus), threads};
+    p.trial_timeout = c.trial_timeout;
+    p.kill_grace_s = o.kill_grace_s;
+    p.say = std::move(say);
+    return p;
   }
 
   void check_same_study() {
@@ -385,14 +327,11 @@ class StudyRun {
     rec.trial_dir = fs::absolute(dir_ + "/trials/" + num).string();
     fs::create_directories(rec.trial_dir);
     try {
-      rec.config_yaml = c_.space.resolve(base_, a.params, "trial " + std::to_string(a.number));
+      r->config = c_.space.resolve(base_, a.params, "trial " + std::to_string(a.number));
       // The stored config is exactly what runs: the thread share is written into it, so an exported
       // config reproduces the trial (float reductions depend on the thread count).
-      TrainConfig resolved = TrainConfig::from_yaml(YAML::Load(rec.config_yaml), "trial config");
-      if (resolved.threads == 0) {
-        resolved.threads = threads_;
-        rec.config_yaml = resolved.to_yaml_string();
-      }
+      if (r->config.threads == 0) r->config.threads = threads_;
+      rec.config_yaml = r->config.to_yaml_string();  // serialised once: the trial's config.yaml and its row
     } catch (const ConfigError& e) {
       rec.state = trial_state::kFail;
       rec.reason = std::string("config: ") + e.what();
@@ -404,15 +343,12 @@ class StudyRun {
     }
     std::string config_path = rec.trial_dir + "/config.yaml";
     std::ofstream(config_path) << rec.config_yaml;
-    r->gpus = slots_.acquire();  // never runs out: parallel x gpus_per_trial <= GPUs was checked at start
-    r->slurm = slurm();
-    if (r->slurm) r->job_name = slurm_job_name(c_.launcher.job_name, c_.name, a.number);
-    LaunchSpec spec =
-        trainer_launch(c_.launcher, o_.trainer_exe, config_path, threads_, rec.trial_dir, r->gpus, r->job_name);
+    const std::string job_name = slurm() ? slurm_job_name(c_.launcher.job_name, c_.name, a.number) : "";
     try {
-      r->proc = std::make_unique<TrialProcess>(spec);
+      // Its GPU slot never runs out: parallel x gpus_per_trial <= GPUs was checked at start.
+      r->run =
+          &pool_.launch({rec.number, "trial " + std::to_string(rec.number), config_path, rec.trial_dir, job_name, {}});
     } catch (const std::exception& e) {
-      slots_.release(r->gpus);
       rec.state = trial_state::kFail;
       rec.reason = std::string("launch: ") + e.what();
       rec.end_time = now_s();
@@ -420,35 +356,25 @@ class StudyRun {
       bridge_->tell_fail(rec.number);
       throw;  // every later trial would fail the same way
     }
-    rec.pid = r->proc->pid();
+    const TrialPool::Run& run = *r->run;
+    rec.pid = run.proc->pid();
     store_.insert_trial(rec);
     // The assignment goes with the trial as an Optuna user attribute ("0,1"): `study status` shows it,
     // and so do Optuna's own tools (user_attrs_bs_gpus in trials_dataframe()).
-    if (!r->gpus.empty()) bridge_->set_user_attr(rec.number, "bs_gpus", join_gpu_ids(r->gpus));
-    r->eval_every = std::max<int64_t>(1, static_cast<int64_t>(number_at(rec.config_yaml, "target.eval_every_samples")));
-    r->last_event = r->launched = now_s();
-    r->label = "trial " + std::to_string(rec.number) + " (" + value_at(rec.config_yaml, "optimizer.name") +
-               " b=" + value_at(rec.config_yaml, "batch.global") +
-               " lr=" + fmt(number_at(rec.config_yaml, "optimizer.lr"), 3) + ")";
-    say(r->label + ": started, pid " + std::to_string(rec.pid) + (r->slurm ? ", Slurm job name " + r->job_name : "") +
-        (r->gpus.empty() ? "" : ", GPUs " + join_gpu_ids(r->gpus)) +
+    if (!run.gpus.empty()) bridge_->set_user_attr(rec.number, "bs_gpus", join_gpu_ids(run.gpus));
+    r->eval_every = std::max<int64_t>(1, r->config.target.eval_every_samples);
+    r->label = "trial " + std::to_string(rec.number) + " (" + r->config.optimizer.name +
+               " b=" + std::to_string(r->config.batch.global) + " lr=" + fmt(r->config.optimizer.lr, 3) + ")";
+    r->run->label = r->label;  // in the pool's messages (timeouts)
+    say(r->label + ": started, pid " + std::to_string(rec.pid) + (run.slurm ? ", Slurm job name " + run.job_name : "") +
+        (run.gpus.empty() ? "" : ", GPUs " + join_gpu_ids(run.gpus)) +
         (rec.attempt > 1 ? ", retry of trial " + std::to_string(rec.retry_of) : ""));
-    running_.push_back(std::move(r));
-  }
-
-  void wait_for_events() {
-    std::vector<pollfd> fds;
-    for (const auto& r : running_)
-      if (r->proc->event_fd() >= 0) fds.push_back({r->proc->event_fd(), POLLIN, 0});
-    // A short timeout: exits are noticed by polling waitpid, timeouts by the clock.
-    poll(fds.data(), fds.size(), 200);
+    running_[rec.number] = std::move(r);
   }
 
   void handle_line(RunningTrial& r, const std::string& line) {
     auto ev = parse_trial_event(line);
-    if (!ev) return;
-    r.last_event = now_s();
-    r.started = true;
+    if (!ev) return;  // TrialPool::step hands over parsed events only
     const int64_t n = r.rec.number;
     auto count = [&](const char* key) { return static_cast<int64_t>(ev->number(key)); };
     if (ev->kind == "eval") {
@@ -465,17 +391,18 @@ class StudyRun {
                              ev->number("tokens_per_s"), ev->number("padding_waste"), ev->number("imbalance"),
                              ev->number("overlap"), ev->number("step_seconds")});
     } else if (ev->kind == "start") {
-      auto job = ev->strings.find("slurm_job_id"), step = ev->strings.find("slurm_step_id");
-      if (r.slurm && job != ev->strings.end() && !job->second.empty())
-        set_slurm_id(r, alloc_.inside && step != ev->strings.end() ? job->second + "." + step->second : job->second);
+      // (Its Slurm job or step id: TrialPool::step took it already, and pool_.on_slurm_id stored it.)
       // What `device`/`precision: auto` resolved to on the trial's machine: the stored (and exported)
       // config then states exactly what ran.
       auto device = ev->strings.find("device"), precision = ev->strings.find("precision");
       if (device != ev->strings.end() && precision != ev->strings.end()) {
         try {
-          r.rec.config_yaml = TrainConfig::from_yaml(YAML::Load(r.rec.config_yaml), "trial config",
-                                                     {"device=" + device->second, "precision=" + precision->second})
-                                  .to_yaml_string();
+          TrainConfig ran = r.config;
+          ran.set("device", device->second, "trial config");
+          ran.set("precision", precision->second, "trial config");
+          ran.validate("trial config");
+          r.config = ran;
+          r.rec.config_yaml = ran.to_yaml_string();
           store_.update_trial(r.rec);
         } catch (const ConfigError&) {  // an old or foreign trainer: keep the config as launched
         }
@@ -500,73 +427,12 @@ class StudyRun {
     if (bridge_->should_prune(r.rec.number)) {
       r.prune_requested = true;
       r.rec.reason = "pruned at " + std::to_string(e.samples) + " samples (accuracy " + fmt(e.mlm_accuracy, 4) + ")";
-      stop_trial(r);
+      pool_.stop(*r.run);
       say(r.label + ": " + r.rec.reason);
     }
   }
 
   bool slurm() const { return c_.launcher.kind == "srun"; }
-
-  void set_slurm_id(RunningTrial& r, const std::string& id) {
-    if (id.empty() || id == r.slurm_id) return;
-    r.slurm_id = id;
-    // With the trial, like its GPUs: `study status` shows it and resume cancels the job by it.
-    bridge_->set_user_attr(r.rec.number, "bs_slurm_job", id);
-  }
-
-  // Its own job's id from squeue, while the trial has not said it (queued, or starting up).
-  void find_slurm_job(RunningTrial& r) {
-    if (alloc_.inside || !r.slurm_id.empty()) return;
-    if (auto job = slurm_find_job(r.job_name)) set_slurm_id(r, job->id);
-  }
-
-  // The graceful stop of prune, timeout and a second signal: the trainer gets SIGTERM (under Slurm from
-  // `scancel --signal=TERM`, since srun would answer a SIGTERM of its own by killing the task), saves its
-  // checkpoint and exits 6; enforce_limits() kills it after the grace period.
-  void stop_trial(RunningTrial& r) {
-    r.term_sent = now_s();
-    if (r.slurm) {
-      find_slurm_job(r);
-      if (!r.slurm_id.empty()) {
-        if (r.started ? slurm_signal(r.slurm_id, "TERM") : slurm_cancel(r.slurm_id)) return;
-      }
-    }
-    r.proc->signal_group(SIGTERM);
-  }
-
-  void force_stop(RunningTrial& r) {
-    if (r.slurm && !r.slurm_id.empty()) slurm_cancel(r.slurm_id);
-    r.proc->signal_group(SIGKILL);
-    r.killed = true;
-  }
-
-  void enforce_limits(RunningTrial& r) {
-    double t = now_s();
-    if (r.slurm && !r.started) {
-      // Queued (or starting): the trial timeout does not run yet; launcher.queue_timeout does.
-      if (t >= r.next_slurm_poll) {
-        find_slurm_job(r);
-        r.next_slurm_poll = t + 2;
-      }
-      const double limit = c_.launcher.queue_timeout;
-      if (limit > 0 && r.term_sent == 0 && t - r.launched > limit) {
-        r.queue_timed_out = true;
-        std::string state;
-        if (!alloc_.inside && !r.slurm_id.empty())
-          if (auto job = slurm_job(r.slurm_id))
-            state = " (Slurm job " + job->id + ": " + job->state + ", reason " + job->reason + ")";
-        r.rec.reason = "queue timeout: no event within launcher.queue_timeout = " + fmt(limit) + " s of launch" + state;
-        say(r.label + ": " + r.rec.reason + "; cancelling it");
-        stop_trial(r);
-      }
-    } else if (c_.trial_timeout > 0 && !r.timed_out && r.term_sent == 0 && t - r.last_event > c_.trial_timeout) {
-      r.timed_out = true;
-      r.rec.reason = "timeout: no event for " + fmt(c_.trial_timeout) + " s";
-      say(r.label + ": " + r.rec.reason + "; stopping it");
-      stop_trial(r);
-    }
-    if (r.term_sent > 0 && !r.killed && t - r.term_sent > o_.kill_grace_s) force_stop(r);
-  }
 
   std::vector<double> objective_values(const RunningTrial& r) const {
     const TrialEvent& d = *r.done;
@@ -574,22 +440,24 @@ class StudyRun {
     for (const auto& o : c_.objectives) {
       if (o == "samples_to_target")
         values.push_back(r.rec.reached ? d.number("samples_to_target")
-                                       : 2.0 * number_at(r.rec.config_yaml, "target.max_samples"));
+                                       : 2.0 * static_cast<double>(r.config.target.max_samples));
       else if (o == "seconds_to_target")
         values.push_back(r.rec.reached ? d.number("seconds_to_target")
                                        : kUnreachedSecondsOffset + (r.rec.end_time - r.rec.start_time));
       else if (o == "final_mlm_accuracy")
         values.push_back(d.number("final_mlm_accuracy", r.last_acc));
       else
-        values.push_back(number_at(r.rec.config_yaml, o));
+        values.push_back(r.config.number(o));
     }
     return values;
   }
 
+  // `r.run` has exited with `code` (its GPU slot is free again) and is still in the pool until this returns.
   void finish(RunningTrial& r, int code) {
-    slots_.release(r.gpus);
-    r.gpus.clear();
     TrialRecord& rec = r.rec;
+    const TrialPool::Run& run = *r.run;
+    if (run.cause != StopCause::kNone) rec.reason = run.reason;  // the pool stopped it (timeout, signal)
+    const bool timed_out = run.cause == StopCause::kTimeout || run.cause == StopCause::kQueueTimeout;
     rec.end_time = now_s();
     rec.exit_code = code;
     if (r.done) {
@@ -604,7 +472,7 @@ class StudyRun {
       rec.state = trial_state::kPruned;
       store_.update_trial(rec);
       bridge_->tell_pruned(rec.number);
-    } else if (!r.timed_out && !r.queue_timed_out && code == exit_code::kOk && r.done) {  // done before a stop
+    } else if (!timed_out && code == exit_code::kOk && r.done) {  // done before a stop
       rec.state = trial_state::kComplete;
       rec.reason.clear();
       rec.values = objective_values(r);
@@ -612,11 +480,11 @@ class StudyRun {
       bridge_->tell_complete(rec.number, rec.values);
     } else {
       rec.state = trial_state::kFail;
-      if (!r.timed_out && !r.queue_timed_out && !r.interrupted) {
+      if (run.cause == StopCause::kNone) {
         rec.reason = code == exit_code::kOk ? "exit 0 without a done event" : describe_exit(code);
         std::string last = last_line_of(rec.trial_dir + "/stderr.log");
         if (!last.empty() && code != exit_code::kOk) rec.reason += ": " + last;
-        if (r.slurm && code != exit_code::kOk) slurm_reason(r);
+        if (run.slurm && code != exit_code::kOk) slurm_reason(r);
       }
       store_.update_trial(rec);
       bridge_->tell_fail(rec.number);
@@ -633,15 +501,17 @@ class StudyRun {
   // A srun trial's failure in Slurm's words (job state, slurmstepd's and srun's lines) instead of the last
   // stderr line; a time limit, an OOM kill, a cancel or a launch error is not retried.
   void slurm_reason(RunningTrial& r) {
+    TrialPool::Run& run = *r.run;
     std::optional<SlurmJob> job;
     if (!alloc_.inside) {
-      find_slurm_job(r);
-      if (!r.slurm_id.empty()) job = slurm_job(r.slurm_id);
+      pool_.find_slurm_job(run);
+      if (!run.slurm_id.empty()) job = slurm_job(run.slurm_id);
     }
     auto f = slurm_failure(job, file_tail(r.rec.trial_dir + "/stderr.log"));
     if (!f) return;
     std::string reason = f->reason;
-    if (!job && !r.slurm_id.empty()) reason += " [" + std::string(alloc_.inside ? "step " : "job ") + r.slurm_id + "]";
+    if (!job && !run.slurm_id.empty())
+      reason += " [" + std::string(alloc_.inside ? "step " : "job ") + run.slurm_id + "]";
     r.rec.reason = reason + " (" + describe_exit(r.rec.exit_code) + ")";
     r.no_retry = !f->retryable;
   }
@@ -680,12 +550,12 @@ class StudyRun {
   std::string dir_;
   StudyStore store_;
   std::unique_ptr<OptunaBridge> bridge_;
-  YAML::Node base_;
+  TrainConfig base_;
   int threads_;
-  std::vector<std::string> gpus_;  // every GPU trials may get (empty: CPU trials)
-  GpuSlots slots_;
-  SlurmAllocation alloc_ = current_slurm_allocation();  // trials are steps of it when inside
-  std::list<std::unique_ptr<RunningTrial>> running_;
+  std::vector<std::string> gpus_;                             // every GPU trials may get (empty: CPU trials)
+  TrialPool pool_;                                            // the trials' processes: launch, limits, stops, Ctrl-C
+  const SlurmAllocation& alloc_ = pool_.allocation();         // trials are steps of it when inside
+  std::map<int64_t, std::unique_ptr<RunningTrial>> running_;  // by trial number
 };
 
 }  // namespace
@@ -706,13 +576,8 @@ int Controller::run() {
   if (options_.trainer_exe.empty()) throw std::invalid_argument("Controller: trainer_exe is not set");
   // GPUs are a fact of this machine (like its cores), so they are checked here, for a new study and a
   // resumed one alike, before anything is written or any trial starts.
-  std::vector<std::string> gpus = launcher_gpus(config_.launcher);
-  check_gpu_fit(config_.launcher, config_.parallel, gpus, config_.source);
-  const int cores =
-      options_.cores > 0 ? options_.cores : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  const int threads = cpus_per_rank(config_.launcher, config_.parallel, cores);
   // So is what Slurm can grant: an impossible request is a config error now, not a trial queued forever.
-  if (config_.launcher.kind == "srun") check_slurm_request(config_.launcher, threads, config_.source);
+  PoolResources resources = pool_resources(config_.launcher, config_.parallel, options_.cores, config_.source);
   std::string dir = study_dir();
   fs::create_directories(dir + "/trials");
   // One controller per study: a second one would launch the same trials twice. The lock dies with us.
@@ -727,7 +592,7 @@ int Controller::run() {
     int fd;
     ~Unlock() { close(fd); }
   } unlock{fd};
-  StudyRun run(config_, options_, dir, std::move(gpus), threads);
+  StudyRun run(config_, options_, dir, std::move(resources.gpus), resources.threads);
   return run.run();
 }
 
@@ -802,9 +667,10 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
     os << std::setw(6) << t.number << std::setw(10) << t.state << std::setw(14)
        << (t.values.empty() ? std::string("-") : fmt(t.values[0], 8)) << std::setw(8)
        << (t.state == trial_state::kComplete || t.state == trial_state::kPruned ? (t.reached ? "yes" : "no") : "-");
+    const TrainConfig config = t.config();
     for (const auto& k : keys) {
-      std::string v = value_at(t.config_yaml, k);
-      if (k == "optimizer.lr" && !v.empty()) v = fmt(number_at(t.config_yaml, k), 4);
+      std::string v = t.config_yaml.empty() ? "" : config.text(k);
+      if (k == "optimizer.lr" && !v.empty()) v = fmt(config.optimizer.lr, 4);
       os << " " << std::setw(std::max<int>(10, k.size())) << (v.empty() ? "-" : v);
     }
     if (!gpus.empty()) {

@@ -166,7 +166,7 @@ OptunaBridge::~OptunaBridge() {
   impl_.reset();
 }
 
-OptunaBridge::Asked OptunaBridge::ask(const SearchSpace& space, const YAML::Node& base) {
+OptunaBridge::Asked OptunaBridge::ask(const SearchSpace& space, const TrainConfig& base) {
   return guarded("ask", [&] {
     py::object trial = impl_->study.attr("ask")();
     Asked a;

@@ -44,7 +44,7 @@ class OptunaBridge {
     std::map<std::string, ParamValue> params;
     std::map<std::string, std::string> user_attrs;
   };
-  Asked ask(const SearchSpace& space, const YAML::Node& base);
+  Asked ask(const SearchSpace& space, const TrainConfig& base);
 
   void report(int64_t number, double value, int64_t step);
   bool should_prune(int64_t number);

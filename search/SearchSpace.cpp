@@ -59,14 +59,13 @@ void read_range(const YAML::Node& n, SpaceParam& p, const std::string& kind, con
                       to_string(p.high) + "); swap them");
 }
 
-std::string text_at(const YAML::Node& root, const std::string& key) { return yaml::scalar_at(root, key); }
-
-double number_at(const YAML::Node& root, const std::string& key, const std::string& source) {
-  double v;
-  std::string s = text_at(root, key);
-  if (!parse_double(s, v))
-    throw ConfigError(source + ": derived value needs '" + key + "' to be a number, it is '" + s + "'");
-  return v;
+// A derived rule's input: a numeric training key.
+double number_at(const TrainConfig& c, const std::string& key, const std::string& source) {
+  try {
+    return c.number(key);
+  } catch (const ConfigError&) {
+    throw ConfigError(source + ": derived value needs '" + key + "' to be a number, it is '" + c.text(key) + "'");
+  }
 }
 
 }  // namespace
@@ -318,13 +317,13 @@ SearchSpace SearchSpace::from_yaml(const YAML::Node& space, const YAML::Node& de
   return s;
 }
 
-std::map<std::string, ParamValue> SearchSpace::sample(const YAML::Node& base, const Suggest& suggest) const {
+std::map<std::string, ParamValue> SearchSpace::sample(const TrainConfig& base, const Suggest& suggest) const {
   std::map<std::string, ParamValue> out;
   for (const auto& p : params_) {
     bool holds = true;
     for (const auto& c : p.when) {
       auto it = out.find(c.key);
-      std::string v = it != out.end() ? to_string(it->second) : text_at(base, c.key);
+      std::string v = it != out.end() ? to_string(it->second) : base.text(c.key);
       bool any = false;
       for (const auto& want : c.values) any = any || want == v || parse_scalar(want) == parse_scalar(v);
       holds = holds && any;
@@ -334,21 +333,19 @@ std::map<std::string, ParamValue> SearchSpace::sample(const YAML::Node& base, co
   return out;
 }
 
-std::string SearchSpace::resolve(const YAML::Node& base, const std::map<std::string, ParamValue>& sampled,
+TrainConfig SearchSpace::resolve(const TrainConfig& base, const std::map<std::string, ParamValue>& sampled,
                                  const std::string& source) const {
-  YAML::Node node = YAML::Clone(base);
-  for (const auto& kv : sampled) yaml::set_path(node, kv.first + "=" + to_string(kv.second), source);
-  TrainConfig cfg = TrainConfig::from_yaml(node, source);
-  if (!derived_.empty()) {
-    YAML::Node full = cfg.to_yaml();
-    for (const auto& r : derived_) {
-      double ratio = number_at(full, r.by, source) / r.base_batch;
-      double v = number_at(full, r.scale, source) * (r.rule == "sqrt" ? std::sqrt(ratio) : ratio);
-      yaml::set_path(full, r.key + "=" + to_string(v), source);
-    }
-    cfg = TrainConfig::from_yaml(full, source);
+  TrainConfig cfg = base;
+  for (const auto& kv : sampled) cfg.set(kv.first, to_string(kv.second), source);
+  cfg.validate(source);  // the sampled combination (heads must divide a sampled hidden size)
+  if (derived_.empty()) return cfg;
+  for (const auto& r : derived_) {
+    const double ratio = number_at(cfg, r.by, source) / r.base_batch;
+    const double v = number_at(cfg, r.scale, source) * (r.rule == "sqrt" ? std::sqrt(ratio) : ratio);
+    cfg.set(r.key, to_string(v), source);
   }
-  return cfg.to_yaml_string();
+  cfg.validate(source);
+  return cfg;
 }
 
 }  // namespace bs::search

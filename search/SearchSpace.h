@@ -9,6 +9,8 @@
 #include <variant>
 #include <vector>
 
+#include "common/TrainConfig.h"
+
 namespace YAML {
 class Node;
 }
@@ -64,11 +66,11 @@ class SearchSpace {
 
   // Samples the parameters in declaration order, skipping those whose `when` does not hold
   // (conditions read earlier samples, else the base config's value).
-  std::map<std::string, ParamValue> sample(const YAML::Node& base, const Suggest& suggest) const;
+  std::map<std::string, ParamValue> sample(const TrainConfig& base, const Suggest& suggest) const;
 
-  // The trial's training config: base + sampled values + derived values, validated by TrainConfig,
-  // as canonical YAML text. Throws ConfigError (e.g. heads not dividing a sampled hidden size).
-  std::string resolve(const YAML::Node& base, const std::map<std::string, ParamValue>& sampled,
+  // The trial's training config: base + sampled values + derived values, set through TrainConfig's key
+  // table and validated. Throws ConfigError (e.g. heads not dividing a sampled hidden size).
+  TrainConfig resolve(const TrainConfig& base, const std::map<std::string, ParamValue>& sampled,
                       const std::string& source) const;
 
  private:

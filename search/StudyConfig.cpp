@@ -101,7 +101,7 @@ void check_launcher_arg(const std::string& arg, const YAML::Node& n, const std::
 // (every choice; low and high of a range) is applied to the base config alone; an error that names this
 // key (and no other sampled key) is the space's fault; the rest depends on the combination sampled and is
 // left to the trial's own validation.
-static void check_space_values(const SearchSpace& space, const YAML::Node& base, const std::string& base_source) {
+static void check_space_values(const SearchSpace& space, const TrainConfig& base, const std::string& base_source) {
   for (const auto& p : space.params()) {
     std::vector<std::string> candidates;
     if (p.kind == SpaceParam::Kind::kChoice) {
@@ -113,7 +113,9 @@ static void check_space_values(const SearchSpace& space, const YAML::Node& base,
     }
     for (const auto& v : candidates) {
       try {
-        TrainConfig::from_yaml(YAML::Clone(base), base_source, {p.key + "=" + v});
+        TrainConfig one = base;
+        one.set(p.key, v, base_source);
+        one.validate(base_source);
       } catch (const ConfigError& e) {
         const std::string what = e.what();
         // An error that also names another sampled key depends on the combination (heads vs a sampled hidden).
@@ -392,11 +394,18 @@ void read_name(Reading& r, const std::string& key) {
 void read_objective(Reading& r, const std::string& key) {
   if (!r.node[key]) return;
   r.c.objectives = string_or_list(r.node[key], key, r.source);
-  for (const auto& o : r.c.objectives)
-    if (!is_metric_objective(o) && !TrainConfig::is_key(o))
+  for (const auto& o : r.c.objectives) {
+    if (is_metric_objective(o)) continue;
+    if (!TrainConfig::is_key(o))
       throw ConfigError(where(r.node[key], r.source) + ": objective '" + o +
                         "' is neither samples_to_target, seconds_to_target, final_mlm_accuracy nor a training "
                         "config key");
+    try {
+      TrainConfig().number(o);
+    } catch (const ConfigError&) {  // Optuna minimises numbers: optimizer.name has no direction
+      throw ConfigError(where(r.node[key], r.source) + ": objective '" + o + "' is not a numeric training key");
+    }
+  }
 }
 
 // One direction per objective (default: maximize accuracy, minimize the rest); then the first objective
@@ -639,7 +648,7 @@ void StudyConfig::Keys::reject_unknown(const YAML::Node& node, const std::string
 void StudyConfig::Keys::read_space(Reading& r, const std::string&) {
   StudyConfig& c = r.c;
   c.space = SearchSpace::from_yaml(r.node["space"], r.node["derived"], r.source);
-  check_space_values(c.space, YAML::Load(c.base_yaml), r.base_source);
+  check_space_values(c.space, c.base(), r.base_source);
   if (r.node["space"]) c.space_yaml_ = YAML::Dump(r.node["space"]);
   if (r.node["derived"]) c.derived_yaml_ = YAML::Dump(r.node["derived"]);
   if (c.sampler == "grid") {
@@ -662,7 +671,7 @@ StudyConfig StudyConfig::from_yaml(const YAML::Node& in, const std::string& sour
   return c;
 }
 
-YAML::Node StudyConfig::base() const { return YAML::Load(base_yaml); }
+TrainConfig StudyConfig::base() const { return TrainConfig::from_yaml(YAML::Load(base_yaml), source + " (base)"); }
 
 // One emitter for both views so that they cannot drift apart: `full` adds what may change between runs of
 // the same study (name, budgets, launcher); without it, what defines the study (identity()).

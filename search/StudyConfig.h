@@ -71,8 +71,8 @@ struct StudyConfig {
   std::string identity() const;
   // Every combination of the `stratify` parameters' values, in declaration order (empty when not stratified).
   std::vector<std::map<std::string, ParamValue>> strata() const;
-  // The base training config as a YAML node (fresh each call).
-  YAML::Node base() const;
+  // The base training config (validated when the study was read).
+  TrainConfig base() const;
 
  private:
   struct Keys;  // the table of study keys (StudyConfig.cpp): reads and writes every member, these included

@@ -12,6 +12,7 @@
 #include <map>
 #include <sstream>
 
+#include "common/Choices.h"
 #include "common/JsonWriter.h"
 #include "common/TrainConfig.h"
 
@@ -108,19 +109,6 @@ std::optional<double> objective_value(const TrialRecord& t, const StudyObjective
   return std::nullopt;
 }
 
-std::string config_value(const std::string& config_yaml, const std::string& key_path) {
-  YAML::Node node = YAML::Load(config_yaml);
-  std::stringstream ss(key_path);
-  for (std::string part; std::getline(ss, part, '.');) {
-    if (!node.IsMap() || !node[part]) return "";
-    node = node[part];
-  }
-  if (node.IsScalar()) return node.Scalar();
-  YAML::Emitter e;
-  e << YAML::Flow << node;
-  return e.c_str();
-}
-
 TrialFilter TrialFilter::parse(const std::vector<std::string>& specs) {
   TrialFilter f;
   for (const auto& spec : specs) {
@@ -143,14 +131,10 @@ TrialFilter TrialFilter::parse(const std::vector<std::string>& specs) {
 
 bool TrialFilter::matches(const TrialRecord& t) const {
   if (terms_.empty()) return true;
-  YAML::Node root;
-  try {
-    root = YAML::Load(t.config_yaml);
-  } catch (const YAML::Exception&) {
-    return false;
-  }
+  if (t.config_yaml.empty()) return false;
+  const TrainConfig config = t.config();
   for (const auto& [key, wanted] : terms_) {
-    const std::string have = config_value(t.config_yaml, key);
+    const std::string have = config.text(key);
     double a = 0, b = 0;
     if (parse_number(have, a) && parse_number(wanted, b)) {
       if (a != b) return false;
@@ -322,8 +306,8 @@ std::string provenance_json(const TrialRecord& t, const std::string& study_name,
 std::string export_mlperf_json(const TrainConfig& c, const TrialRecord& t, const std::string& study_name,
                                const ProductionLayout& layout) {
   const std::string& opt = c.optimizer.name;
-  const bool lamb_family = opt == "lamb" || opt == "nvlamb" || opt == "lans";
-  const std::string fam = lamb_family ? "lamb" : (opt == "sgd" ? "sgd" : "adam");
+  const OptimizerKind kind = parse_choice<OptimizerKind>(opt);
+  const std::string fam = is_lamb_family(kind) ? "lamb" : (kind == OptimizerKind::kSgd ? "sgd" : "adam");
   const int64_t warmup = resolved_warmup_steps(c);
   const int64_t device_batch = per_device_batch(c.batch.global, layout);
   // Ordered as the MLPerf BERT reference logs its hyperparameters; one "key": value per line.
@@ -348,7 +332,8 @@ std::string export_mlperf_json(const TrainConfig& c, const TrialRecord& t, const
     kv.emplace_back("opt_" + fam + "_epsilon", num(c.optimizer.eps));
   }
   kv.emplace_back("opt_epsilon", num(c.optimizer.eps));
-  kv.emplace_back(lamb_family ? "opt_lamb_weight_decay_rate" : "opt_weight_decay", num(c.optimizer.weight_decay));
+  kv.emplace_back(is_lamb_family(kind) ? "opt_lamb_weight_decay_rate" : "opt_weight_decay",
+                  num(c.optimizer.weight_decay));
   kv.emplace_back("opt_learning_rate_warmup_steps", i64(warmup));
   kv.emplace_back("start_warmup_step", i64(c.schedule.start_warmup_step));
   kv.emplace_back("num_warmup_steps", i64(warmup));
@@ -417,7 +402,8 @@ std::string export_nvidia_config(const TrainConfig& c, const TrialRecord& t, con
   s += comment(
       "BATCHSIZE is the per-GPU batch of one optimizer step (global / (DGXNNODES * DGXNGPU)); "
       "run_pretraining.py splits it into GRADIENT_STEPS micro-batches.");
-  if (c.optimizer.name != "lamb" && c.optimizer.name != "nvlamb")
+  const OptimizerKind kind = parse_choice<OptimizerKind>(c.optimizer.name);
+  if (kind != OptimizerKind::kLamb && kind != OptimizerKind::kNvLamb)
     s += comment("note: the trial used " + c.optimizer.name +
                  "; NVIDIA's trainer runs LAMB, so OPT_LAMB_BETA_* carry this trial's betas");
   if (grad_steps != gradient_accumulation_steps(c, layout))
@@ -425,7 +411,8 @@ std::string export_nvidia_config(const TrainConfig& c, const TrialRecord& t, con
                  " / " + std::to_string(c.batch.micro) +
                  ") = " + std::to_string(gradient_accumulation_steps(c, layout)) +
                  "): NVIDIA's trainer needs it to divide BATCHSIZE");
-  if (c.schedule.name != "poly" || c.schedule.power != 1.0 || c.schedule.end_lr != 0.0)
+  if (parse_choice<ScheduleKind>(c.schedule.name) != ScheduleKind::kPoly || c.schedule.power != 1.0 ||
+      c.schedule.end_lr != 0.0)
     s += comment("note: NVIDIA's trainer decays linearly (poly power 1) to 0; the trial used " + c.schedule.name +
                  ", power " + shortest_number(c.schedule.power) + ", end lr " + shortest_number(c.schedule.end_lr));
   s += comment("precision: " + c.precision + "; model: hidden " + std::to_string(c.model.hidden) + ", layers " +

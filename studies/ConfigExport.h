@@ -54,9 +54,6 @@ class TrialFilter {
   std::vector<std::pair<std::string, std::string>> terms_;  // (key path, wanted value)
 };
 
-// The value of a training key path in a trial's resolved config, as YAML text ("lamb", "4096", "[32, 64]").
-std::string config_value(const std::string& config_yaml, const std::string& key_path);
-
 // COMPLETE trials that pass `filter`, best first: those that reached the target before those that did not,
 // then by the objective (in its direction; a missing value last), then by trial number.
 std::vector<TrialRecord> rank_trials(const std::vector<TrialRecord>& trials, const StudyObjective& objective,

@@ -27,6 +27,7 @@ CREATE TABLE IF NOT EXISTS bs_confirm (
   config_yaml TEXT NOT NULL,
   log_path TEXT,
   batch INTEGER NOT NULL DEFAULT 0,
+  reason TEXT,
   PRIMARY KEY (session, optimizer, batch, seed)
 );
 )SQL";
@@ -63,11 +64,14 @@ ConfirmStore::ConfirmStore(const std::string& db_path, bool writable) {
     if (writable) {
       if (db_->tableExists("bs_confirm") && !has_column(*db_, "bs_confirm", "batch")) migrate_add_batch(*db_);
       db_->exec(kSchema);
+      // Tables made before runs could be stopped by the confirm's limits: the reason column is added (NULL).
+      if (!has_column(*db_, "bs_confirm", "reason")) db_->exec("ALTER TABLE bs_confirm ADD COLUMN reason TEXT");
       has_table_ = true;
     } else {
       has_table_ = db_->tableExists("bs_confirm");
     }
     has_batch_ = has_table_ && has_column(*db_, "bs_confirm", "batch");
+    has_reason_ = has_table_ && has_column(*db_, "bs_confirm", "reason");
   } catch (const SQLite::Exception& e) {
     throw std::runtime_error(db_path + ": cannot open the study database for the confirm table: " + e.what());
   }
@@ -86,8 +90,8 @@ void ConfirmStore::add(const ConfirmRun& r) {
   if (!has_table_) throw std::logic_error("ConfirmStore::add on a read-only store");
   SQLite::Statement s(*db_,
                       "INSERT OR REPLACE INTO bs_confirm(session, optimizer, source_trial, seed, exit_code, reached, "
-                      "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path, batch) "
-                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?)");
+                      "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path, batch, reason) "
+                      "VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?)");
   s.bind(1, r.session);
   s.bind(2, r.optimizer);
   s.bind(3, r.source_trial);
@@ -100,6 +104,9 @@ void ConfirmStore::add(const ConfirmRun& r) {
   s.bind(10, r.config_yaml);
   s.bind(11, r.log_path);
   s.bind(12, r.batch);
+  if (r.reason.empty()) s.bind(13);
+  else
+    s.bind(13, r.reason);
   s.exec();
 }
 
@@ -109,7 +116,8 @@ std::vector<ConfirmRun> ConfirmStore::runs() const {
   SQLite::Statement q(*db_,
                       std::string("SELECT session, optimizer, source_trial, seed, exit_code, reached, "
                                   "samples_to_target, seconds_to_target, final_mlm_accuracy, config_yaml, log_path, ") +
-                          (has_batch_ ? "batch" : "0") + " FROM bs_confirm ORDER BY session, optimizer, 12, seed");
+                          (has_batch_ ? "batch" : "0") + ", " + (has_reason_ ? "reason" : "NULL") +
+                          " FROM bs_confirm ORDER BY session, optimizer, 12, seed");
   while (q.executeStep()) {
     ConfirmRun r;
     r.session = q.getColumn(0).getInt64();
@@ -124,6 +132,7 @@ std::vector<ConfirmRun> ConfirmStore::runs() const {
     r.config_yaml = q.getColumn(9).getString();
     r.log_path = q.getColumn(10).getString();
     r.batch = q.getColumn(11).getInt64();
+    r.reason = q.getColumn(12).isNull() ? "" : q.getColumn(12).getString();
     out.push_back(r);
   }
   return out;

@@ -24,6 +24,9 @@ struct ConfirmRun {
   std::string config_yaml;  // exactly what was trained (the trial's config with the seed)
   std::string log_path;     // the run's stdout/stderr
   int64_t batch = 0;        // global batch of the run (0: recorded before batches were stored)
+  // Why it was stopped when `study confirm` stopped it ("timeout: no event for 600 s", "queue timeout: ...");
+  // empty when it ended by itself (and in rows written before the column existed).
+  std::string reason{};  // (an initializer: aggregate initialisations may leave it out)
 };
 
 class ConfirmStore {
@@ -39,7 +42,8 @@ class ConfirmStore {
  private:
   std::unique_ptr<SQLite::Database> db_;
   bool has_table_ = false;
-  bool has_batch_ = false;  // files written before the batch column read as batch 0
+  bool has_batch_ = false;   // files written before the batch column read as batch 0
+  bool has_reason_ = false;  // and before the reason column as no reason
 };
 
 }  // namespace bs

@@ -11,6 +11,8 @@
 #include <utility>
 #include <vector>
 
+#include "common/TrainConfig.h"
+
 namespace SQLite {
 class Database;
 }
@@ -44,6 +46,9 @@ struct TrialRecord {
   int attempt = 1;             // 1 + how many times these params were retried
   int64_t retry_of = -1;       // the trial this one retries, or -1
   bool retried = false;        // a retry of this failed trial was queued (its budget slot passed on)
+
+  // config_yaml, typed, for reading results (TrainConfig::read_stored; the defaults when the row has none).
+  TrainConfig config() const { return TrainConfig::read_stored(config_yaml); }
 };
 
 struct EvalPoint {

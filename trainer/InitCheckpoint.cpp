@@ -158,124 +158,147 @@ class TorchZipUnpickler {
     holder_ = std::move(ptr);
     for (;;) {
       const uint8_t op = byte();
-      switch (op) {
-        case 0x80: byte(); break;    // PROTO
-        case 0x95: bytes(8); break;  // FRAME
-        case '.': return pop();      // STOP
-        case 'c': {                  // GLOBAL module\nname\n
-          std::string mod = line(), name = line();
-          auto g = make(PyValue::kGlobal);
-          g->s = mod + "." + name;
-          push(g);
-          break;
-        }
-        case 0x93: {  // STACK_GLOBAL
-          auto name = pop(), mod = pop();
-          auto g = make(PyValue::kGlobal);
-          g->s = mod->s + "." + name->s;
-          push(g);
-          break;
-        }
-        case 'q': memo_[byte()] = top(); break;                               // BINPUT
-        case 'r': memo_[static_cast<int64_t>(u32())] = top(); break;          // LONG_BINPUT
-        case 0x94: memo_[static_cast<int64_t>(memo_.size())] = top(); break;  // MEMOIZE
-        case 'h': push(memo_.at(byte())); break;                              // BINGET
-        case 'j': push(memo_.at(static_cast<int64_t>(u32()))); break;         // LONG_BINGET
-        case '(': push(make(PyValue::kMark)); break;                          // MARK
-        case ')': push(make(PyValue::kTuple)); break;                         // EMPTY_TUPLE
-        case ']': push(make(PyValue::kList)); break;                          // EMPTY_LIST
-        case '}': push(make(PyValue::kDict)); break;                          // EMPTY_DICT
-        case 'N': push(make(PyValue::kNone)); break;
-        case 0x88:
-        case 0x89: {  // NEWTRUE / NEWFALSE
-          auto b = make(PyValue::kBool);
-          b->i = op == 0x88;
-          push(b);
-          break;
-        }
-        case 'J': push_int(static_cast<int32_t>(u32())); break;  // BININT
-        case 'K': push_int(byte()); break;                       // BININT1
-        case 'M': push_int(u16()); break;                        // BININT2
-        case 0x8a: {                                             // LONG1: little-endian two's complement
-          const int n = byte();
-          int64_t v = 0;
-          for (int k = 0; k < n; ++k) v |= static_cast<int64_t>(byte()) << (8 * k);
-          if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v -= int64_t(1) << (8 * n);
-          push_int(v);
-          break;
-        }
-        case 'G': {  // BINFLOAT, big-endian
-          uint64_t b = 0;
-          for (int k = 0; k < 8; ++k) b = (b << 8) | byte();
-          auto v = make(PyValue::kFloat);
-          std::memcpy(&v->f, &b, 8);
-          push(v);
-          break;
-        }
-        case 'X': push_str(u32()); break;    // BINUNICODE
-        case 0x8c: push_str(byte()); break;  // SHORT_BINUNICODE
-        case 'U': push_str(byte()); break;   // SHORT_BINSTRING
-        case 'T': push_str(u32()); break;    // BINSTRING
-        case 't': {                          // TUPLE
-          auto items = pop_mark();
-          auto t = make(PyValue::kTuple);
-          t->items = std::move(items);
-          push(t);
-          break;
-        }
-        case 0x85:
-        case 0x86:
-        case 0x87: {  // TUPLE1..3
-          const int n = op - 0x84;
-          auto t = make(PyValue::kTuple);
-          t->items.resize(n);
-          for (int k = n - 1; k >= 0; --k) t->items[k] = pop();
-          push(t);
-          break;
-        }
-        case 'a': {  // APPEND
-          auto v = pop();
-          top()->items.push_back(v);
-          break;
-        }
-        case 'e': {  // APPENDS
-          auto items = pop_mark();
-          for (auto& v : items) top()->items.push_back(v);
-          break;
-        }
-        case 's': {  // SETITEM
-          auto v = pop(), k = pop();
-          top()->entries.emplace_back(k, v);
-          break;
-        }
-        case 'u': {  // SETITEMS
-          auto items = pop_mark();
-          for (std::size_t k = 0; k + 1 < items.size(); k += 2) top()->entries.emplace_back(items[k], items[k + 1]);
-          break;
-        }
-        case 'R': {  // REDUCE
-          auto args = pop(), fn = pop();
-          push(reduce(fn, args));
-          break;
-        }
-        case 0x81: {  // NEWOBJ
-          pop();
-          pop();
-          push(make(PyValue::kOpaque));
-          break;
-        }
-        case 'b': pop(); break;  // BUILD: object state (an OrderedDict's _metadata, ...) is not needed
-        case 'Q': push(persistent(pop())); break;  // BINPERSID
-        default: {
-          char buf[8];
-          std::snprintf(buf, sizeof buf, "0x%02x", op);
-          throw std::runtime_error(std::string("unsupported pickle opcode ") + buf);
-        }
-      }
+      if (op == '.') return pop();  // STOP
+      if (framing_or_memo(op) || scalar(op) || container(op) || object(op)) continue;
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "0x%02x", op);
+      throw std::runtime_error(std::string("unsupported pickle opcode ") + buf);
     }
   }
 
  private:
+  // Each handles one group of opcodes and returns false for an opcode of another group.
+  bool framing_or_memo(uint8_t op) {
+    switch (op) {
+      case 0x80: byte(); return true;                                             // PROTO
+      case 0x95: bytes(8); return true;                                           // FRAME
+      case 'q': memo_[byte()] = top(); return true;                               // BINPUT
+      case 'r': memo_[static_cast<int64_t>(u32())] = top(); return true;          // LONG_BINPUT
+      case 0x94: memo_[static_cast<int64_t>(memo_.size())] = top(); return true;  // MEMOIZE
+      case 'h': push(memo_.at(byte())); return true;                              // BINGET
+      case 'j': push(memo_.at(static_cast<int64_t>(u32()))); return true;         // LONG_BINGET
+      case '(': push(make(PyValue::kMark)); return true;                          // MARK
+      default: return false;
+    }
+  }
+
+  // None, booleans, integers, floats and strings.
+  bool scalar(uint8_t op) {
+    switch (op) {
+      case 'N': push(make(PyValue::kNone)); return true;
+      case 0x88:
+      case 0x89: {  // NEWTRUE / NEWFALSE
+        auto b = make(PyValue::kBool);
+        b->i = op == 0x88;
+        push(b);
+        return true;
+      }
+      case 'J': push_int(static_cast<int32_t>(u32())); return true;  // BININT
+      case 'K': push_int(byte()); return true;                       // BININT1
+      case 'M': push_int(u16()); return true;                        // BININT2
+      case 0x8a: {                                                   // LONG1: little-endian two's complement
+        const int n = byte();
+        int64_t v = 0;
+        for (int k = 0; k < n; ++k) v |= static_cast<int64_t>(byte()) << (8 * k);
+        if (n > 0 && n < 8 && (v >> (8 * n - 1)) & 1) v -= int64_t(1) << (8 * n);
+        push_int(v);
+        return true;
+      }
+      case 'G': {  // BINFLOAT, big-endian
+        uint64_t b = 0;
+        for (int k = 0; k < 8; ++k) b = (b << 8) | byte();
+        auto v = make(PyValue::kFloat);
+        std::memcpy(&v->f, &b, 8);
+        push(v);
+        return true;
+      }
+      case 'X': push_str(u32()); return true;    // BINUNICODE
+      case 0x8c: push_str(byte()); return true;  // SHORT_BINUNICODE
+      case 'U': push_str(byte()); return true;   // SHORT_BINSTRING
+      case 'T': push_str(u32()); return true;    // BINSTRING
+      default: return false;
+    }
+  }
+
+  // Tuples, lists and dicts: built empty, then filled.
+  bool container(uint8_t op) {
+    switch (op) {
+      case ')': push(make(PyValue::kTuple)); return true;  // EMPTY_TUPLE
+      case ']': push(make(PyValue::kList)); return true;   // EMPTY_LIST
+      case '}': push(make(PyValue::kDict)); return true;   // EMPTY_DICT
+      case 't': {                                          // TUPLE
+        auto t = make(PyValue::kTuple);
+        t->items = pop_mark();
+        push(t);
+        return true;
+      }
+      case 0x85:
+      case 0x86:
+      case 0x87: {  // TUPLE1..3
+        const int n = op - 0x84;
+        auto t = make(PyValue::kTuple);
+        t->items.resize(n);
+        for (int k = n - 1; k >= 0; --k) t->items[k] = pop();
+        push(t);
+        return true;
+      }
+      case 'a': {  // APPEND
+        auto v = pop();
+        top()->items.push_back(v);
+        return true;
+      }
+      case 'e': {  // APPENDS
+        auto items = pop_mark();
+        for (auto& v : items) top()->items.push_back(v);
+        return true;
+      }
+      case 's': {  // SETITEM
+        auto v = pop(), k = pop();
+        top()->entries.emplace_back(k, v);
+        return true;
+      }
+      case 'u': {  // SETITEMS
+        auto items = pop_mark();
+        for (std::size_t k = 0; k + 1 < items.size(); k += 2) top()->entries.emplace_back(items[k], items[k + 1]);
+        return true;
+      }
+      default: return false;
+    }
+  }
+
+  // Globals, calls (tensors are rebuilt here) and objects.
+  bool object(uint8_t op) {
+    switch (op) {
+      case 'c': {  // GLOBAL module\nname\n
+        std::string mod = line(), name = line();
+        auto g = make(PyValue::kGlobal);
+        g->s = mod + "." + name;
+        push(g);
+        return true;
+      }
+      case 0x93: {  // STACK_GLOBAL
+        auto name = pop(), mod = pop();
+        auto g = make(PyValue::kGlobal);
+        g->s = mod->s + "." + name->s;
+        push(g);
+        return true;
+      }
+      case 'R': {  // REDUCE
+        auto args = pop(), fn = pop();
+        push(reduce(fn, args));
+        return true;
+      }
+      case 0x81:  // NEWOBJ
+        pop();
+        pop();
+        push(make(PyValue::kOpaque));
+        return true;
+      case 'b': pop(); return true;                    // BUILD: object state (an OrderedDict's _metadata) is not needed
+      case 'Q': push(persistent(pop())); return true;  // BINPERSID
+      default: return false;
+    }
+  }
+
   uint8_t byte() {
     if (p_ >= end_) throw std::runtime_error("truncated pickle");
     return *p_++;

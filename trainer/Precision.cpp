@@ -3,6 +3,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "common/Choices.h"
 #include "distributed/Communicator.h"
 #include "trainer/CudaDevice.h"
 
@@ -37,25 +38,25 @@ CpuInfo read_cpu_info(const std::string& cpuinfo_path) {
 namespace {
 
 // device: cuda (or auto with a GPU): this rank's GPU is local_rank % GPUs, as NCCL's communicator takes it.
-PrecisionChoice resolve_on_gpu(const TrainConfig& cfg, int gpus) {
+PrecisionChoice resolve_on_gpu(PrecisionKind asked, int gpus) {
   PrecisionChoice c;
   const int index = detect_launch().local_rank % gpus;
   const GpuInfo gpu = cuda_device_info(index);
   c.device = torch::Device(torch::kCUDA, static_cast<c10::DeviceIndex>(index));
   c.device_name = "cuda";
   const std::string where = "cuda:" + std::to_string(index) + " of " + std::to_string(gpus) + ", " + gpu.describe();
-  if (cfg.precision == "fp16")
+  if (asked == PrecisionKind::kFp16)
     throw ConfigError(
         "precision: fp16 (with dynamic loss scaling) is not built yet; use bf16 (compute capability "
         ">= 8.0) or fp32");
-  if (cfg.precision == "auto") {
-    c.precision = gpu.native_bf16() ? "bf16" : "fp32";
-    c.reason = "auto: " + where + (gpu.native_bf16() ? " runs bf16 natively" : " (before sm_80: no native bf16)");
-  } else {
-    c.precision = cfg.precision;
-    c.reason = "requested: " + where;
-  }
-  c.compute = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+  const PrecisionKind ran = asked != PrecisionKind::kAuto ? asked
+                            : gpu.native_bf16()           ? PrecisionKind::kBf16
+                                                          : PrecisionKind::kFp32;
+  c.precision = choice_name(ran);
+  c.reason = asked == PrecisionKind::kAuto
+                 ? "auto: " + where + (gpu.native_bf16() ? " runs bf16 natively" : " (before sm_80: no native bf16)")
+                 : "requested: " + where;
+  c.compute = ran == PrecisionKind::kBf16 ? torch::kBFloat16 : torch::kFloat;
   return c;
 }
 
@@ -64,7 +65,9 @@ PrecisionChoice resolve_on_gpu(const TrainConfig& cfg, int gpus) {
 PrecisionChoice resolve_precision(const TrainConfig& cfg, const CpuInfo& cpu) {
   PrecisionChoice c;
   const int gpus = cuda_device_count();
-  if (cfg.device == "cuda" && gpus == 0)
+  const DeviceKind device = parse_choice<DeviceKind>(cfg.device);
+  const PrecisionKind asked = parse_choice<PrecisionKind>(cfg.precision);
+  if (device == DeviceKind::kCuda && gpus == 0)
     throw ConfigError(std::string("device: cuda, but ") +
 #ifdef BERTSWEEP_WITH_CUDA
                       "no GPU is visible (check CUDA_VISIBLE_DEVICES and the driver)" +
@@ -72,29 +75,27 @@ PrecisionChoice resolve_precision(const TrainConfig& cfg, const CpuInfo& cpu) {
                       "this build of bertsweep has no CUDA (LibTorch " TORCH_VERSION " without CUDA)" +
 #endif
                       "; available: cpu. Set device: cpu or auto");
-  if (cfg.device == "cuda" || (cfg.device == "auto" && gpus > 0)) return resolve_on_gpu(cfg, gpus);
+  if (device == DeviceKind::kCuda || (device == DeviceKind::kAuto && gpus > 0)) return resolve_on_gpu(asked, gpus);
   c.device = torch::kCPU;
   c.device_name = "cpu";
   const std::string isa = cpu.bf16_isa();
   const std::string where = cpu.model + ", bf16 ISA " + isa;
-  if (cfg.precision == "fp16")
+  if (asked == PrecisionKind::kFp16)
     throw ConfigError(
         "precision: fp16 needs device: cuda (fp16 with loss scaling is a GPU mode; on the CPU use "
         "bf16 or fp32)");
-  if (cfg.precision == "auto") {
-    if (isa != "none") {
-      c.precision = "bf16";
-      c.reason = "auto: " + where + " runs bf16 matmul natively";
-    } else {
-      c.precision = "fp32";
-      c.reason = "auto: " + where + " (no AMX or AVX512-BF16, so bf16 would be emulated and slower)";
-    }
-  } else {
-    c.precision = cfg.precision;
+  const bool native_bf16 = isa != "none";
+  const PrecisionKind ran = asked != PrecisionKind::kAuto ? asked
+                            : native_bf16                 ? PrecisionKind::kBf16
+                                                          : PrecisionKind::kFp32;
+  c.precision = choice_name(ran);
+  if (asked == PrecisionKind::kAuto)
+    c.reason = native_bf16 ? "auto: " + where + " runs bf16 matmul natively"
+                           : "auto: " + where + " (no AMX or AVX512-BF16, so bf16 would be emulated and slower)";
+  else
     c.reason =
-        "requested: " + where + (cfg.precision == "bf16" && isa == "none" ? " (bf16 is emulated here: slow)" : "");
-  }
-  c.compute = c.precision == "bf16" ? torch::kBFloat16 : torch::kFloat;
+        "requested: " + where + (ran == PrecisionKind::kBf16 && !native_bf16 ? " (bf16 is emulated here: slow)" : "");
+  c.compute = ran == PrecisionKind::kBf16 ? torch::kBFloat16 : torch::kFloat;
   return c;
 }
 

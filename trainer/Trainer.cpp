@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "common/Choices.h"
 #include "common/JsonWriter.h"
 #include "optimizers/LrSchedule.h"
 #include "optimizers/Optimizer.h"
@@ -407,7 +408,8 @@ void TrainingLoop::build_model() {
   // Dropout differs per rank (as in data-parallel BERT), reproducibly.
   torch::manual_seed(static_cast<uint64_t>(cfg_.seed) * 1000003ULL + static_cast<uint64_t>(rank_) + 1);
   schedule_.emplace(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
-  reduce_dtype_ = cfg_.distributed.grad_dtype == "compute" ? precision_.compute : torch::kFloat;
+  reduce_dtype_ =
+      parse_choice<GradDtype>(cfg_.distributed.grad_dtype) == GradDtype::kCompute ? precision_.compute : torch::kFloat;
   // fp32 reduction: the buckets are ranges of the optimizer's flat gradient buffers (no copies).
   bucketer_ = std::make_unique<GradientBucketer>((*net_)->parameters(), *comm_, cfg_.clip, reduce_dtype_,
                                                  optimizer_->grad_buffers());
@@ -506,27 +508,36 @@ void TrainingLoop::log_hyperparameters() {
 // none there, so they get bertsweep's own opt_lans_* / opt_sgd_* names (the open division allows extra keys).
 void TrainingLoop::log_optimizer_keys() {
   const OptimizerConfig& o = cfg_.optimizer;
-  const std::string& on = o.name;
-  if (on == "lamb" || on == "nvlamb") {
-    mllog_.point("opt_lamb_beta_1", o.beta1);
-    mllog_.point("opt_lamb_beta_2", o.beta2);
-    mllog_.point("opt_lamb_epsilon", o.eps);
-    mllog_.point("opt_lamb_weight_decay_rate", o.weight_decay);
-    mllog_.point("opt_lamb_learning_rate_decay_poly_power", cfg_.schedule.power);
-  } else if (on == "adam" || on == "adamw") {
-    const std::string p = on == "adam" ? "opt_adam_" : "opt_adamw_";
-    mllog_.point(p + "beta_1", o.beta1);
-    mllog_.point(p + "beta_2", o.beta2);
-    mllog_.point(p + "epsilon", o.eps);
-    mllog_.point(on == "adam" ? "opt_weight_decay" : "opt_adamw_weight_decay", o.weight_decay);
-  } else if (on == "lans") {
-    mllog_.point("opt_lans_beta_1", o.beta1);
-    mllog_.point("opt_lans_beta_2", o.beta2);
-    mllog_.point("opt_lans_epsilon", o.eps);
-    mllog_.point("opt_lans_weight_decay_rate", o.weight_decay);
-  } else {
-    mllog_.point("opt_sgd_momentum", o.momentum);
-    mllog_.point("opt_weight_decay", o.weight_decay);
+  const OptimizerKind kind = parse_choice<OptimizerKind>(o.name);
+  switch (kind) {
+    case OptimizerKind::kLamb:
+    case OptimizerKind::kNvLamb:
+      mllog_.point("opt_lamb_beta_1", o.beta1);
+      mllog_.point("opt_lamb_beta_2", o.beta2);
+      mllog_.point("opt_lamb_epsilon", o.eps);
+      mllog_.point("opt_lamb_weight_decay_rate", o.weight_decay);
+      mllog_.point("opt_lamb_learning_rate_decay_poly_power", cfg_.schedule.power);
+      break;
+    case OptimizerKind::kAdam:
+    case OptimizerKind::kAdamW: {
+      const bool adam = kind == OptimizerKind::kAdam;
+      const std::string p = adam ? "opt_adam_" : "opt_adamw_";
+      mllog_.point(p + "beta_1", o.beta1);
+      mllog_.point(p + "beta_2", o.beta2);
+      mllog_.point(p + "epsilon", o.eps);
+      mllog_.point(adam ? "opt_weight_decay" : "opt_adamw_weight_decay", o.weight_decay);
+      break;
+    }
+    case OptimizerKind::kLans:
+      mllog_.point("opt_lans_beta_1", o.beta1);
+      mllog_.point("opt_lans_beta_2", o.beta2);
+      mllog_.point("opt_lans_epsilon", o.eps);
+      mllog_.point("opt_lans_weight_decay_rate", o.weight_decay);
+      break;
+    case OptimizerKind::kSgd:
+      mllog_.point("opt_sgd_momentum", o.momentum);
+      mllog_.point("opt_weight_decay", o.weight_decay);
+      break;
   }
 }
 

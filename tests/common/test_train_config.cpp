@@ -125,3 +125,60 @@ TEST(TrainConfig, SubmissionKeysAndInitCheckpointHaveDefaultsAndRules) {
   EXPECT_EQ(back.model.init_checkpoint, "/x/y.pt");
   EXPECT_EQ(back.log.submission_platform, "8xH200");
 }
+
+// The typed path a trial's config takes (search space -> TrainConfig -> stored row): set() parses a value
+// as --set does, text()/number() read one key back, read_stored() reads a row an older version wrote.
+TEST(TrainConfig, SetTextAndNumberGoThroughTheKeyTable) {
+  TrainConfig c;
+  c.set("optimizer.lr", "2e-3", "trial 1");
+  c.set("batch.global", "4096.0", "trial 1");  // a whole number written as a float, as --set accepts
+  c.set("optimizer.name", "lamb", "trial 1");
+  c.set("data.strata", "[16, 128]", "trial 1");
+  c.set("seed", "7", "trial 1");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 2e-3);
+  EXPECT_EQ(c.batch.global, 4096);
+  EXPECT_EQ(c.optimizer.name, "lamb");
+  EXPECT_EQ(c.data.strata, (std::vector<int64_t>{16, 128}));
+  EXPECT_EQ(c.seed, 7);
+  // text() is what the stored YAML holds for the key.
+  const YAML::Node stored = YAML::Load(c.to_yaml_string());
+  EXPECT_EQ(c.text("optimizer.lr"), stored["optimizer"]["lr"].Scalar());
+  EXPECT_EQ(c.text("batch.global"), "4096");
+  EXPECT_EQ(c.text("optimizer.name"), "lamb");
+  EXPECT_EQ(c.text("seed"), "7");
+  EXPECT_EQ(c.text("data.strata"), "[16, 128]");
+  EXPECT_DOUBLE_EQ(c.number("optimizer.lr"), 2e-3);
+  EXPECT_DOUBLE_EQ(c.number("batch.global"), 4096.0);
+  EXPECT_THROW(c.number("optimizer.name"), ConfigError);
+  EXPECT_THROW(c.text("optimizer.learning_rate"), ConfigError);
+  // Errors name the source and the key; nothing is range-checked until validate().
+  try {
+    c.set("batch.global", "lots", "trial 3");
+    FAIL() << "accepted a word for an integer key";
+  } catch (const ConfigError& e) {
+    EXPECT_NE(std::string(e.what()).find("trial 3"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("batch.global"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(c.set("optimizer.learning_rate", "1", "trial 3"), ConfigError);
+  c.set("model.heads", "3", "trial 4");  // 128 % 3: only validate() sees the combination
+  EXPECT_THROW(c.validate("trial 4"), ConfigError);
+}
+
+TEST(TrainConfig, ReadStoredSkipsWhatThisVersionNoLongerKnows) {
+  // An older row: a removed backend (gloo), a key that no longer exists, and a malformed value.
+  const TrainConfig c = TrainConfig::read_stored(
+      "optimizer: {name: lamb, lr: 0.5, gone_key: 1}\ndistributed: {backend: gloo}\nbatch: {global: lots}\n"
+      "old_top_level: x\nseed: 9\n");
+  EXPECT_EQ(c.optimizer.name, "lamb");
+  EXPECT_DOUBLE_EQ(c.optimizer.lr, 0.5);
+  EXPECT_EQ(c.seed, 9);
+  EXPECT_EQ(c.batch.global, TrainConfig().batch.global);  // unparsable: the default stays
+  EXPECT_EQ(c.distributed.backend, "gloo");               // read, not validated: results report what ran
+  EXPECT_EQ(TrainConfig::read_stored("not: [valid").optimizer.name, TrainConfig().optimizer.name);
+  EXPECT_EQ(TrainConfig::read_stored("").seed, TrainConfig().seed);
+  // A row this version wrote reads back exactly.
+  TrainConfig full;
+  full.set("optimizer.lr", "0.1", "t");
+  full.set("model.init_checkpoint", "/ckpt/phase1.pt", "t");
+  EXPECT_EQ(TrainConfig::read_stored(full.to_yaml_string()).to_yaml_string(), full.to_yaml_string());
+}

@@ -37,7 +37,7 @@ TEST(SearchSpace, ReadsTheShippedStudyConfigs) {
     EXPECT_FALSE(c.space.empty()) << f;
     EXPECT_EQ(c.objectives[0], "samples_to_target");
     // The base is fully explicit and valid on its own.
-    TrainConfig base = TrainConfig::from_yaml(c.base(), f);
+    TrainConfig base = c.base();
     EXPECT_EQ(base.model.hidden, 128) << f;
   }
   StudyConfig demo = StudyConfig::load(test::source_dir() + "/configs/studies/demo.yaml");
@@ -88,6 +88,8 @@ TEST(SearchSpace, RefusesUnknownStudyKeysAndBadValues) {
   EXPECT_NE(error_of("name: t\nbase: {optimizer: {lr: -1}}\n").find("optimizer.lr"), std::string::npos);
   EXPECT_NE(error_of("name: t\nobjective: [samples_to_target, batch.global]\npruner: median\n").find("prune"),
             std::string::npos);
+  EXPECT_NE(error_of("name: t\nobjective: [samples_to_target, optimizer.name]\n").find("not a numeric training key"),
+            std::string::npos);
   EXPECT_NE(error_of("name: t\nsampler: grid\nspace:\n  optimizer.lr: {uniform: [0.1, 0.2]}\n").find("grid"),
             std::string::npos);
   // A condition on a parameter declared below it cannot be evaluated.
@@ -116,8 +118,7 @@ TEST(SearchSpace, ConditionalParametersAreSampledOnlyWhenTheirConditionHolds) {
     });
     EXPECT_EQ(sampled.count("optimizer.beta2"), opt == "lamb" ? 1u : 0u) << opt;
     EXPECT_EQ(asked.size(), opt == "lamb" ? 3u : 2u);
-    std::string yaml = c.space.resolve(c.base(), sampled, "trial");
-    TrainConfig t = TrainConfig::from_yaml(YAML::Load(yaml), "resolved");
+    TrainConfig t = c.space.resolve(c.base(), sampled, "trial");
     EXPECT_EQ(t.optimizer.name, opt);
     EXPECT_EQ(t.batch.global, 32);
     EXPECT_EQ(t.optimizer.beta2, opt == "lamb" ? 0.95 : 0.999);
@@ -131,7 +132,7 @@ TEST(SearchSpace, DerivedLearningRateScalesWithBatch) {
                   "derived:\n  optimizer.lr: {scale: optimizer.lr, by: batch.global, rule: sqrt, base_batch: 256}\n"));
   for (int64_t batch : {64, 1024}) {
     std::map<std::string, ParamValue> s = {{"batch.global", batch}, {"optimizer.lr", 0.002}};
-    TrainConfig t = TrainConfig::from_yaml(YAML::Load(c.space.resolve(c.base(), s, "trial")), "resolved");
+    TrainConfig t = c.space.resolve(c.base(), s, "trial");
     EXPECT_NEAR(t.optimizer.lr, 0.002 * std::sqrt(double(batch) / 256.0), 1e-15);
   }
 }
@@ -142,7 +143,7 @@ TEST(SearchSpace, ResolvedConfigIsValidatedAndSetsApply) {
       write_study(std::string(kHead) + "  model.hidden: {choice: [96, 128]}\n" + "  model.heads: {choice: [2, 3]}\n"),
       {"base.data.dir=/data/x", "n_trials=4"});
   EXPECT_EQ(c.n_trials, 4);
-  EXPECT_EQ(TrainConfig::from_yaml(c.base(), "b").data.dir, "/data/x");
+  EXPECT_EQ(c.base().data.dir, "/data/x");
   EXPECT_THROW(c.space.resolve(c.base(), {{"model.hidden", int64_t(128)}, {"model.heads", int64_t(3)}}, "trial 1"),
                ConfigError);  // 128 % 3
   EXPECT_NO_THROW(c.space.resolve(c.base(), {{"model.hidden", int64_t(96)}, {"model.heads", int64_t(3)}}, "t2"));
