@@ -14,6 +14,7 @@
 #include <sstream>
 #include <thread>
 
+#include "FakeTrainer.h"
 #include "TestUtil.h"
 #include "common/Errors.h"
 #include "common/TrainConfig.h"
@@ -27,20 +28,6 @@ using namespace bs::search;
 namespace fs = std::filesystem;
 
 namespace {
-
-// layers 1: four evals (0.4 s apart with SLOW=1), then reaches the target at 1000 samples; 5: goes silent.
-const char* kScript = R"(#!/bin/sh
-cfg=$3
-layers=$(sed -n 's/^  layers: //p' "$cfg")
-ev() { echo "$1" >&3; }
-if [ "$layers" = 5 ]; then sleep 30; exit 0; fi
-for s in 250 500 750 1000; do
-  [ -n "$SLOW" ] && sleep 0.4
-  ev "{\"event\":\"eval\",\"step\":$s,\"samples\":$s,\"mlm_accuracy\":0.1,\"loss\":3,\"seconds\":0.2}"
-done
-ev '{"event":"done","reached":true,"samples_to_target":1000,"seconds_to_target":3.0,"steps":4,"final_mlm_accuracy":0.06}'
-exit 0
-)";
 
 // A study file holding study `cf` (its config says trial_timeout) and one COMPLETE trial per entry of
 // `layers`, numbered from 0, trial i with batch 16 * (i + 1); returns the sources to confirm, in that order.
@@ -78,14 +65,36 @@ ConfirmRunOptions options(const std::string& dir, std::vector<ConfirmSource> sou
   ConfirmRunOptions o;
   o.dir = dir;
   o.study = "cf";
-  o.trainer_exe = dir + "/trial.sh";
-  std::ofstream(o.trainer_exe) << kScript;
-  fs::permissions(o.trainer_exe, fs::perms::owner_all);
+  o.trainer_exe = test::write_fake_trainer(dir);  // layers 1 reaches the target at 1000 samples, 5 goes silent
   o.sources = std::move(sources);
   o.seeds = std::move(seeds);
   o.quiet = true;
   o.kill_grace_s = 1;
   return o;
+}
+
+// Runs the confirmation in a child process with slow runs (~1.6 s each) and returns its pid once the first
+// run has started (its folder has its config, written just before the launch), or -1.
+pid_t start_in_child(const ConfirmRunOptions& o, const std::string& dir) {
+  const pid_t child = fork();
+  if (child == 0) {
+    setenv("SLOW", "1", 1);
+    std::ostringstream progress;
+    const ConfirmRunsResult r = run_confirmations(o, progress);
+    _exit(r.drained ? exit_code::kTerminated : exit_code::kOk);
+  }
+  const std::string first = dir + "/cf/confirm/session-1/" + o.sources[0].optimizer + "-b" +
+                            std::to_string(o.sources[0].batch) + "-seed1/config.yaml";
+  for (int i = 0; i < 600; ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    if (fs::exists(first)) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      return child;
+    }
+  }
+  kill(child, SIGKILL);
+  waitpid(child, nullptr, 0);
+  return -1;
 }
 
 }  // namespace
@@ -128,24 +137,8 @@ TEST(ConfirmRuns, FirstSignalDrainsTheRunningRunAndStoresNothingNotStarted) {
   const std::string dir = test::make_temp_dir("confirm-runs");
   ConfirmRunOptions o = options(dir, make_study(dir, "0", {1}), {1, 2, 3});
   const std::string db = dir + "/cf/study.db";
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    setenv("SLOW", "1", 1);  // each run takes ~1.6 s
-    std::ostringstream progress;
-    const ConfirmRunsResult r = run_confirmations(o, progress);
-    _exit(r.drained ? exit_code::kTerminated : exit_code::kOk);
-  }
-  // The first run has started once its folder has its config (written just before the launch).
-  const std::string first = dir + "/cf/confirm/session-1/" + o.sources[0].optimizer + "-b" +
-                            std::to_string(o.sources[0].batch) + "-seed1/config.yaml";
-  bool started = false;
-  for (int i = 0; i < 600 && !started; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    started = fs::exists(first);
-  }
-  ASSERT_TRUE(started);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const pid_t child = start_in_child(o, dir);
+  ASSERT_GT(child, 0) << "the first run did not start";
   kill(child, SIGINT);
   int status = 0;
   waitpid(child, &status, 0);
@@ -167,23 +160,8 @@ TEST(ConfirmRuns, SecondSignalStopsTheRunningRunWhichIsNotStored) {
   const std::string dir = test::make_temp_dir("confirm-runs");
   ConfirmRunOptions o = options(dir, make_study(dir, "0", {1}), {1, 2});
   const std::string db = dir + "/cf/study.db";
-  pid_t child = fork();
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    setenv("SLOW", "1", 1);
-    std::ostringstream progress;
-    const ConfirmRunsResult r = run_confirmations(o, progress);
-    _exit(r.drained ? exit_code::kTerminated : exit_code::kOk);
-  }
-  const std::string first = dir + "/cf/confirm/session-1/" + o.sources[0].optimizer + "-b" +
-                            std::to_string(o.sources[0].batch) + "-seed1/config.yaml";
-  bool started = false;
-  for (int i = 0; i < 600 && !started; ++i) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(20));
-    started = fs::exists(first);
-  }
-  ASSERT_TRUE(started);
-  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  const pid_t child = start_in_child(o, dir);
+  ASSERT_GT(child, 0) << "the first run did not start";
   const auto t0 = std::chrono::steady_clock::now();
   kill(child, SIGINT);
   std::this_thread::sleep_for(std::chrono::milliseconds(300));

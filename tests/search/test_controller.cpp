@@ -16,6 +16,7 @@
 #include <sstream>
 #include <thread>
 
+#include "FakeTrainer.h"
 #include "TestUtil.h"
 #include "common/Errors.h"
 #include "common/TrainConfig.h"
@@ -28,42 +29,6 @@ using namespace bs::search;
 namespace fs = std::filesystem;
 
 namespace {
-
-// layers: 1 reaches the target at 1000 samples, 2 never reaches it, 3 NaN loss (exit 4),
-// 4 segfaults, 5 goes silent (timeout), 6 reaches it at 500. SLOW=1 makes every eval take 0.4 s.
-const char* kScript = R"(#!/bin/sh
-cfg=$3
-layers=$(sed -n 's/^  layers: //p' "$cfg")
-ev() { echo "$1" >&3; }
-pause() { [ -n "$SLOW" ] && sleep 0.4; }
-case $layers in
-  3) ev '{"event":"eval","step":1,"samples":250,"mlm_accuracy":0.01,"loss":9,"seconds":0.1}'; echo "loss is nan" >&2; exit 4;;
-  4) kill -SEGV $$;;
-  5) sleep 30; exit 0;;
-esac
-for s in 250 500 750 1000; do
-  pause
-  acc=$(echo "$s $layers" | awk '{ if ($2 == 2) print 0.01; else print $1 / 10000 * (7 - $2) }')
-  ev "{\"event\":\"eval\",\"step\":$s,\"samples\":$s,\"mlm_accuracy\":$acc,\"loss\":3,\"seconds\":0.2}"
-  ev "{\"event\":\"throughput\",\"step\":$s,\"samples\":$s,\"samples_per_s\":100,\"tokens_per_s\":9000,\"padding_waste\":0.2,\"imbalance\":1.0,\"overlap\":0.5,\"step_seconds\":0.1}"
-  if [ $layers = 6 ] && [ $s = 500 ]; then
-    ev '{"event":"done","reached":true,"samples_to_target":500,"seconds_to_target":1.5,"steps":2,"final_mlm_accuracy":0.05}'; exit 0
-  fi
-done
-if [ $layers = 2 ]; then
-  ev '{"event":"done","reached":false,"samples_to_target":null,"seconds_to_target":null,"steps":4,"final_mlm_accuracy":0.01}'
-else
-  ev '{"event":"done","reached":true,"samples_to_target":1000,"seconds_to_target":3.0,"steps":4,"final_mlm_accuracy":0.06}'
-fi
-exit 0
-)";
-
-std::string make_script(const std::string& dir) {
-  std::string path = dir + "/trial.sh";
-  std::ofstream(path) << kScript;
-  fs::permissions(path, fs::perms::owner_all);
-  return path;
-}
 
 StudyConfig study(const std::string& layers, const std::string& extra) {
   return StudyConfig::from_yaml(
@@ -94,7 +59,7 @@ std::map<int64_t, TrialRecord> by_layers(const std::string& db) {
 
 TEST(Controller, EveryWayATrialEndsIsRecordedAndTheStudyGoesOn) {
   std::string dir = test::make_temp_dir("ctl");
-  ControllerOptions o = quiet_options(dir, make_script(dir));
+  ControllerOptions o = quiet_options(dir, test::write_fake_trainer(dir));
   o.kill_grace_s = 1;
   Controller c(study("[1, 2, 3, 4, 5, 6]", "n_trials: 6\nparallel: 2\ntrial_timeout: 2\n"), o);
   ASSERT_EQ(c.run(), 0);
@@ -140,7 +105,7 @@ TEST(Controller, EveryWayATrialEndsIsRecordedAndTheStudyGoesOn) {
 
 TEST(Controller, PrunesTrialsBehindTheMedian) {
   std::string dir = test::make_temp_dir("ctl");
-  ControllerOptions o = quiet_options(dir, make_script(dir));
+  ControllerOptions o = quiet_options(dir, test::write_fake_trainer(dir));
   // layers 1 first (good curves), then 2, whose accuracy stays at 0.01: pruned at its first report.
   Controller c(study("[1, 6, 2]", "sampler: random\npruner: median\nn_trials: 8\nparallel: 1\n"), o);
   // MedianPruner needs 2 finished trials: run the good ones by enqueuing through a first pass.
@@ -163,7 +128,7 @@ TEST(Controller, PrunesTrialsBehindTheMedian) {
 
 TEST(Controller, ResumesAfterTheControllerIsKilled) {
   std::string dir = test::make_temp_dir("ctl");
-  std::string script = make_script(dir);
+  std::string script = test::write_fake_trainer(dir);
   const std::string extra = "n_trials: 6\nparallel: 2\nretry_failed: 1\n";
   const std::string layers = "[1, 2, 6]";
   std::string db = dir + "/ctl/study.db";
@@ -223,7 +188,7 @@ TEST(Controller, ResumesAfterTheControllerIsKilled) {
 
 TEST(Controller, StratifiedStudyGivesEveryCellAnEqualShareAndKeepsItOnResume) {
   std::string dir = test::make_temp_dir("ctl");
-  ControllerOptions o = quiet_options(dir, make_script(dir));
+  ControllerOptions o = quiet_options(dir, test::write_fake_trainer(dir));
   // TPE alone would pile onto layers 6 (best) once it has a model; stratify must keep all 6 cells equal.
   const std::string extra =
       "  model.heads: {choice: [1, 2]}\n  optimizer.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n"
@@ -266,7 +231,7 @@ TEST(Controller, StratifyMustNameUnconditionalChoiceParameters) {
 
 TEST(Controller, FirstSignalDrainsRunningTrialsAndResumeFinishesTheBudget) {
   std::string dir = test::make_temp_dir("ctl");
-  std::string script = make_script(dir);
+  std::string script = test::write_fake_trainer(dir);
   const std::string extra = "n_trials: 6\nparallel: 2\nsampler: random\n";
   std::string db = dir + "/ctl/study.db";
   pid_t child = fork();
@@ -381,7 +346,7 @@ TEST(Controller, GpuLauncherKeysRoundTripThroughTheStoredConfig) {
 // what each trial got and holds a lock per GPU while it runs, so two trials on one GPU fail the trial.
 TEST(Controller, PlacesParallelTrialsOnDisjointGpusAndStoresTheAssignment) {
   std::string dir = test::make_temp_dir("ctl");
-  std::string script = make_script(dir);
+  std::string script = test::write_fake_trainer(dir);
   fs::create_directories(dir + "/locks");
   std::string wrapper = dir + "/gpu-trial.sh";
   std::ofstream(wrapper)
@@ -445,7 +410,7 @@ TEST(Controller, PlacesParallelTrialsOnDisjointGpusAndStoresTheAssignment) {
 // any trial runs or anything is written.
 TEST(Controller, TooFewVisibleGpusStopTheStudyBeforeAnyTrialAtStartAndResume) {
   std::string dir = test::make_temp_dir("ctl");
-  std::string script = make_script(dir);
+  std::string script = test::write_fake_trainer(dir);
   StudyConfig cfg = StudyConfig::from_yaml(
       YAML::Load(kGpuStudy + "n_trials: 2\nparallel: 2\nlauncher: {gpus_per_trial: 1}\n"), "g.yaml");
   auto error_of = [&](const StudyConfig& c) {
