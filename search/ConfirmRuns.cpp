@@ -128,112 +128,161 @@ std::string confirm_mllog_path(const std::string& mllog_dir, const std::string& 
       .string();
 }
 
-ConfirmRunsResult run_confirmations(const ConfirmRunOptions& o, std::ostream& progress) {
-  if (o.seeds.empty()) throw std::invalid_argument("study confirm: give at least one seed (--seeds N)");
-  ConfirmRunsResult result;
-  result.db = existing_study_db(o.dir, o.study);
-  StudyConfig study;
-  {
-    StudyStore store(result.db, StudyStore::Mode::kReadOnly);
-    study = stored_study(store, o.study);
+namespace {
+
+// One `study confirm` session: its planned runs, the pool that runs them and what was stored.
+class ConfirmSession {
+ public:
+  ConfirmSession(const ConfirmRunOptions& o, std::ostream& progress)
+      : o_(o), progress_(progress), parallel_(std::max(1, o.parallel)), prefix_("study confirm " + o.study + ": ") {}
+
+  ConfirmRunsResult run() {
+    std::vector<std::string> configs = prepare();  // every refusal comes before the study file is written
+    ConfirmStore confirm(result_.db, /*writable=*/true);
+    store_ = &confirm;
+    result_.session = confirm.next_session();
+    const fs::path session_dir =
+        fs::path(result_.db).parent_path() / "confirm" / ("session-" + std::to_string(result_.session));
+    queue_ = plan_runs(o_, configs, result_.session, session_dir);
+    total_ = queue_.size();
+    announce();
+    TrialPool pool(pool_options());
+    StopSignals stop_signals;
+    bool draining = false;
+    for (;;) {
+      draining = take_interrupt(pool) || draining;
+      while (!draining && !queue_.empty() && static_cast<int>(active_.size()) < parallel_) launch_next(pool);
+      if (active_.empty()) break;
+      pool.step(
+          [&](TrialPool::Run& r, const TrialEvent& ev) { take_event(active_.at(r.id).run, ev, active_.at(r.id).done); },
+          [&](TrialPool::Run& r, int code) { finish(r, code); });
+    }
+    result_.drained = draining;
+    if (draining)
+      say("stopped after " + std::to_string(result_.runs.size()) + " of " + std::to_string(total_) +
+          " run(s) were stored");
+    return result_;
   }
-  // Every run's config is built (and its --set checked) before the study file is written to.
-  std::vector<std::string> configs;
-  for (const auto& s : o.sources) {
-    configs.push_back(export_yaml(s.trial, o.sets));
-    TrainConfig::from_yaml(YAML::Load(configs.back()), "study " + o.study + " trial " + std::to_string(s.trial.number));
-  }
-  refuse_existing_mllogs(o);
-  const int parallel = std::max(1, o.parallel);
-  // The GPUs and what Slurm can grant are checked, and the threads computed, as for the study's trials.
-  PoolResources resources = pool_resources(study.launcher, parallel, o.cores, "stored study " + o.study);
 
-  ConfirmStore confirm(result.db, /*writable=*/true);
-  result.session = confirm.next_session();
-  const fs::path session_dir =
-      fs::path(result.db).parent_path() / "confirm" / ("session-" + std::to_string(result.session));
-  std::deque<Planned> queue = plan_runs(o, configs, result.session, session_dir);
-  const std::string prefix = "study confirm " + o.study + ": ";
-  if (!o.quiet)
-    progress << prefix << o.sources.size() << (o.per_batch ? " (optimizer, batch) pair(s) x " : " optimizer(s) x ")
-             << o.seeds.size() << " seed(s), " << parallel << " at a time, " << resources.threads << " threads each"
-             << (study.launcher.ranks > 1 ? " of " + std::to_string(study.launcher.ranks) + " ranks" : std::string())
-             << " (session " << result.session << ")\n";
-
-  PoolOptions po;
-  po.launcher = study.launcher;
-  po.trainer_exe = o.trainer_exe;
-  po.resources = std::move(resources);
-  po.trial_timeout = study.trial_timeout;
-  po.kill_grace_s = o.kill_grace_s;
-  po.noun = "run";
-  po.self = "study confirm";
-  if (!o.quiet) po.say = [&](const std::string& s) { progress << prefix << s << "\n" << std::flush; };
-  TrialPool pool(std::move(po));
-
+ private:
   struct Active {
     ConfirmRun run;
     bool done = false;  // its done event arrived
   };
-  std::map<int64_t, Active> active;  // by run index
-  const std::size_t total = queue.size();
-  int64_t next_index = 0;
-  std::size_t ended = 0;
-  StopSignals stop_signals;
-  bool draining = false;
-  for (;;) {
-    switch (pool.take_interrupt("interrupted: study confirm was told to stop now (second signal)")) {
-      case TrialPool::Interrupt::kStopNow: draining = true; break;
-      case TrialPool::Interrupt::kDrain:
-        draining = true;
-        if (!o.quiet)
-          progress << prefix << (pool.drain_signal() == SIGINT ? "interrupted" : "terminated")
-                   << ": no new runs; waiting for " << active.size() << " running run(s) to finish (signal again to "
-                   << "stop them now); " << queue.size() << " run(s) not started are not stored\n"
-                   << std::flush;
-        break;
-      case TrialPool::Interrupt::kNone: break;
+
+  // Reads the stored study and builds every run's config (checking its --set); returns the configs.
+  std::vector<std::string> prepare() {
+    if (o_.seeds.empty()) throw std::invalid_argument("study confirm: give at least one seed (--seeds N)");
+    result_.db = existing_study_db(o_.dir, o_.study);
+    {
+      StudyStore store(result_.db, StudyStore::Mode::kReadOnly);
+      study_ = stored_study(store, o_.study);
     }
-    while (!draining && !queue.empty() && static_cast<int>(active.size()) < parallel) {
-      Planned& p = queue.front();
-      fs::create_directories(p.run_dir);
-      std::ofstream(p.config_path) << p.config_text;
-      if (!p.mllog_path.empty()) fs::create_directories(fs::path(p.mllog_path).parent_path());
-      std::vector<std::string> args = {"--set", "seed=" + std::to_string(p.run.seed)};
-      if (!p.mllog_path.empty()) args.insert(args.end(), {"--set", "log.mllog=" + p.mllog_path});
-      const int64_t index = next_index++;
-      const std::string job_name = slurm_job_name(study.launcher.job_name, o.study + "-confirm", index);
-      pool.launch({index, run_name(p.run), p.config_path, p.run_dir, job_name, args});
-      active[index] = Active{p.run, false};
-      queue.pop_front();
+    std::vector<std::string> configs;
+    for (const auto& s : o_.sources) {
+      configs.push_back(export_yaml(s.trial, o_.sets));
+      TrainConfig::from_yaml(YAML::Load(configs.back()),
+                             "study " + o_.study + " trial " + std::to_string(s.trial.number));
     }
-    if (active.empty()) break;
-    pool.step(
-        [&](TrialPool::Run& r, const TrialEvent& ev) { take_event(active.at(r.id).run, ev, active.at(r.id).done); },
-        [&](TrialPool::Run& r, int code) {
-          Active a = std::move(active.at(r.id));
-          active.erase(r.id);
-          ++ended;
-          ConfirmRun& run = a.run;
-          run.exit_code = code;
-          const bool finished = code == exit_code::kOk && a.done;
-          if (!finished) run.reached = false;
-          if (r.cause == StopCause::kInterrupted && !finished) {
-            if (!o.quiet)
-              progress << "  [" << ended << "/" << total << "] " << run_name(run) << ": " << r.reason
-                       << "; not stored (" << describe_exit(code) << ")\n";
-            return;
-          }
-          if (r.cause != StopCause::kNone && !finished) run.reason = r.reason;
-          confirm.add(run);
-          result.runs.push_back(run);
-          if (!o.quiet) progress << "  [" << ended << "/" << total << "] " << run_line(run) << "\n";
-        });
+    refuse_existing_mllogs(o_);
+    // The GPUs and what Slurm can grant are checked, and the threads computed, as for the study's trials.
+    resources_ = pool_resources(study_.launcher, parallel_, o_.cores, "stored study " + o_.study);
+    return configs;
   }
-  result.drained = draining;
-  if (draining && !o.quiet)
-    progress << prefix << "stopped after " << result.runs.size() << " of " << total << " run(s) were stored\n";
-  return result;
+
+  void announce() {
+    if (o_.quiet) return;
+    progress_ << prefix_ << o_.sources.size() << (o_.per_batch ? " (optimizer, batch) pair(s) x " : " optimizer(s) x ")
+              << o_.seeds.size() << " seed(s), " << parallel_ << " at a time, " << resources_.threads << " threads each"
+              << (study_.launcher.ranks > 1 ? " of " + std::to_string(study_.launcher.ranks) + " ranks" : std::string())
+              << " (session " << result_.session << ")\n";
+  }
+
+  PoolOptions pool_options() {
+    PoolOptions po;
+    po.launcher = study_.launcher;
+    po.trainer_exe = o_.trainer_exe;
+    po.resources = resources_;
+    po.trial_timeout = study_.trial_timeout;
+    po.kill_grace_s = o_.kill_grace_s;
+    po.noun = "run";
+    po.self = "study confirm";
+    if (!o_.quiet) po.say = [this](const std::string& s) { say(s); };
+    return po;
+  }
+
+  // True once a signal asked to drain (or to stop now: the pool has stopped the running runs then).
+  bool take_interrupt(TrialPool& pool) {
+    switch (pool.take_interrupt("interrupted: study confirm was told to stop now (second signal)")) {
+      case TrialPool::Interrupt::kStopNow: return true;
+      case TrialPool::Interrupt::kDrain:
+        say(std::string(pool.drain_signal() == SIGINT ? "interrupted" : "terminated") + ": no new runs; waiting for " +
+            std::to_string(active_.size()) + " running run(s) to finish (signal again to stop them now); " +
+            std::to_string(queue_.size()) + " run(s) not started are not stored");
+        return true;
+      case TrialPool::Interrupt::kNone: return false;
+    }
+    return false;
+  }
+
+  // The run's folder and config are written only now: a run that never starts leaves nothing behind.
+  void launch_next(TrialPool& pool) {
+    Planned& p = queue_.front();
+    fs::create_directories(p.run_dir);
+    std::ofstream(p.config_path) << p.config_text;
+    if (!p.mllog_path.empty()) fs::create_directories(fs::path(p.mllog_path).parent_path());
+    std::vector<std::string> args = {"--set", "seed=" + std::to_string(p.run.seed)};
+    if (!p.mllog_path.empty()) args.insert(args.end(), {"--set", "log.mllog=" + p.mllog_path});
+    const int64_t index = next_index_++;
+    const std::string job_name = slurm_job_name(study_.launcher.job_name, o_.study + "-confirm", index);
+    pool.launch({index, run_name(p.run), p.config_path, p.run_dir, job_name, args});
+    active_[index] = Active{p.run, false};
+    queue_.pop_front();
+  }
+
+  // Stores the run, unless a second signal cut it short (its "not reached" would be untrue).
+  void finish(TrialPool::Run& r, int code) {
+    Active a = std::move(active_.at(r.id));
+    active_.erase(r.id);
+    ++ended_;
+    ConfirmRun& run = a.run;
+    run.exit_code = code;
+    const bool finished = code == exit_code::kOk && a.done;
+    if (!finished) run.reached = false;
+    const std::string counter = "  [" + std::to_string(ended_) + "/" + std::to_string(total_) + "] ";
+    if (r.cause == StopCause::kInterrupted && !finished) {
+      if (!o_.quiet)
+        progress_ << counter << run_name(run) << ": " << r.reason << "; not stored (" << describe_exit(code) << ")\n";
+      return;
+    }
+    if (r.cause != StopCause::kNone && !finished) run.reason = r.reason;
+    store_->add(run);
+    result_.runs.push_back(run);
+    if (!o_.quiet) progress_ << counter << run_line(run) << "\n";
+  }
+
+  void say(const std::string& s) {
+    if (!o_.quiet) progress_ << prefix_ << s << "\n" << std::flush;
+  }
+
+  const ConfirmRunOptions& o_;
+  std::ostream& progress_;
+  const int parallel_;
+  const std::string prefix_;
+  ConfirmRunsResult result_;
+  StudyConfig study_;
+  PoolResources resources_;
+  ConfirmStore* store_ = nullptr;  // the session's, while run() runs
+  std::deque<Planned> queue_;
+  std::map<int64_t, Active> active_;  // by run index
+  std::size_t total_ = 0, ended_ = 0;
+  int64_t next_index_ = 0;
+};
+
+}  // namespace
+
+ConfirmRunsResult run_confirmations(const ConfirmRunOptions& o, std::ostream& progress) {
+  return ConfirmSession(o, progress).run();
 }
 
 }  // namespace bs::search
