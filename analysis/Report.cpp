@@ -6,8 +6,10 @@
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <set>
 #include <sstream>
 
+#include "analysis/BatchScaling.h"
 #include "analysis/ConfirmSummary.h"
 #include "analysis/ReportPlots.h"
 #include "analysis/StudyTables.h"
@@ -139,6 +141,7 @@ struct StudyContext {
   StudyStore& store;
   const StudyObjective& objective;
   const std::vector<TrialRecord>& trials;
+  const ClusterModel& cluster;
 
   std::string png(const std::string& what) const { return name + "-" + what + ".png"; }
   // The path of a plot file in out_dir, recorded in files.images.
@@ -271,12 +274,11 @@ void importance_section(const StudyContext& s) {
   s.doc.image(s.png("importance"), "parameter importance");
 }
 
-// The confirmation runs grouped for the plots: per summary row its samples to target, and per optimizer
-// the (batch, samples) points of the critical-batch fit and the mean +- std series over batch sizes.
+// The confirmation runs grouped for the plots: per summary row its samples to target, and per optimizer the
+// mean +- std series over batch sizes.
 struct ConfirmGroups {
   std::vector<std::pair<std::string, std::vector<double>>> groups;
   std::map<std::string, BatchSeries> series;
-  std::map<std::string, std::pair<std::vector<double>, std::vector<double>>> fit_points;  // batch, samples
 };
 
 void add_confirm_summary(const ConfirmSummary& s, const std::vector<ConfirmRun>& runs, ConfirmGroups& g) {
@@ -284,11 +286,6 @@ void add_confirm_summary(const ConfirmSummary& s, const std::vector<ConfirmRun>&
   for (const auto& r : runs)
     if (r.optimizer == s.optimizer && r.batch == s.batch && r.session == s.session && r.reached && r.samples_to_target)
       xs.push_back(*r.samples_to_target);
-  if (s.batch > 0)
-    for (double x : xs) {
-      g.fit_points[s.optimizer].first.push_back(static_cast<double>(s.batch));
-      g.fit_points[s.optimizer].second.push_back(x);
-    }
   g.groups.emplace_back(s.batch > 0 ? s.optimizer + " b" + std::to_string(s.batch) : s.optimizer, xs);
   if (s.samples.n > 0 && s.batch > 0) {
     BatchSeries& b = g.series[s.optimizer];
@@ -300,35 +297,195 @@ void add_confirm_summary(const ConfirmSummary& s, const std::vector<ConfirmRun>&
   }
 }
 
-// Critical batch size per optimizer, and the plot over batch sizes.
-void critical_batch_part(const StudyContext& s, ConfirmGroups& g) {
+std::string mean_pm(const Stats& x) { return x.n ? format_number(x.mean) + " +- " + format_number(x.std) : "-"; }
+std::string k_of_n(int k, int n) { return std::to_string(k) + " of " + std::to_string(n); }
+
+// Samples and steps to target per (optimizer, batch) over the seeds, as a table and two log-log panels.
+void scaling_part(const StudyContext& s, const std::vector<ScalingCell>& cells) {
+  s.doc.heading(4, "Samples and steps to target vs batch size");
   s.doc.para(
-      "Critical batch size per optimizer: E(B) = E_min (1 + B / B_crit) fitted by least squares to the "
-      "samples to target of every confirmation run that reached the target (McCandlish et al. 2018). "
-      "S_min = E_min / B_crit is the fewest optimizer steps; past B_crit a larger batch mostly buys "
-      "fewer steps at the cost of more samples.");
-  std::vector<std::vector<std::string>> fit_rows;
-  for (const auto& [opt, b] : g.series) {
-    const auto& [bs, es] = g.fit_points[opt];
-    const auto f = fit_critical_batch(bs, es);
-    std::string crit;
-    switch (f.kind) {
-      case CriticalBatchFit::Kind::kNone: crit = "- (one batch size)"; break;
-      case CriticalBatchFit::Kind::kFit: crit = format_number(f.b_crit); break;
-      case CriticalBatchFit::Kind::kBelowRange:
-        crit = "below " + format_number(*std::min_element(bs.begin(), bs.end())) + " (samples grow with B)";
-        break;
-      case CriticalBatchFit::Kind::kAboveRange:
-        crit = "above " + format_number(*std::max_element(bs.begin(), bs.end())) + " (no growth seen)";
-        break;
-    }
-    fit_rows.push_back({opt, std::to_string(f.points), format_number(f.e_min), format_number(f.s_min), crit});
+      "Per confirmed (optimizer, batch) cell: mean +- sample standard deviation over the confirmation seeds; "
+      "steps = samples / global batch. Runs that did not reach the target are counted in \"reached\" (k of n) "
+      "and left out of the means.");
+  std::vector<std::vector<std::string>> rows;
+  std::map<std::string, ScalingSeries> series;
+  for (const auto& c : cells) {
+    rows.push_back({c.optimizer, std::to_string(c.batch), k_of_n(c.reached, c.runs), mean_pm(c.samples_stats),
+                    mean_pm(c.steps_stats)});
+    if (c.reached == 0) continue;
+    ScalingSeries& x = series[c.optimizer];
+    x.optimizer = c.optimizer;
+    x.batch.push_back(static_cast<double>(c.batch));
+    x.samples_mean.push_back(c.samples_stats.mean);
+    x.samples_std.push_back(c.samples_stats.std);
+    x.steps_mean.push_back(c.steps_stats.mean);
+    x.steps_std.push_back(c.steps_stats.std);
+    x.reached.push_back(c.reached);
+    x.runs.push_back(c.runs);
   }
-  s.doc.table({"optimizer", "runs fitted", "E_min (samples)", "S_min (steps)", "B_crit"}, fit_rows);
+  s.doc.table({"optimizer", "batch", "reached", "samples to target (mean +- std)", "steps to target (mean +- std)"},
+              rows);
+  std::vector<ScalingSeries> list;
+  for (auto& [opt, x] : series) list.push_back(x);
+  plot_batch_scaling(s.written(s.png("batch-scaling")), list, s.name + ": samples and steps to target vs batch size");
+  s.doc.image(s.png("batch-scaling"), "samples and steps to target vs batch size per optimizer, mean +- std");
+}
+
+std::string point_b_crit(const CriticalBatchInterval& c) {
+  switch (c.point.kind) {
+    case CriticalBatchFit::Kind::kNone: return "- (one batch size)";
+    case CriticalBatchFit::Kind::kFit: return format_number(c.point.b_crit);
+    case CriticalBatchFit::Kind::kBelowRange: return "below " + format_number(c.smallest_batch) + " (E_min <= 0)";
+    case CriticalBatchFit::Kind::kAboveRange: return "> " + format_number(c.largest_batch) + " (slope <= 0)";
+  }
+  return "-";
+}
+
+std::string interval(const Interval& i) { return "[" + format_number(i.lo) + ", " + format_number(i.hi) + "]"; }
+
+// Critical batch size per optimizer with its bootstrap interval, and the plot over batch sizes.
+std::map<std::string, CriticalBatchInterval> critical_batch_part(const StudyContext& s,
+                                                                 const std::vector<ScalingCell>& cells,
+                                                                 const ConfirmGroups& g) {
+  const BootstrapOptions boot;
+  s.doc.heading(4, "Critical batch size");
+  s.doc.para(
+      "E(B) = E_min (1 + B / B_crit) fitted by least squares to the samples to target of every confirmation run "
+      "that reached the target (McCandlish et al. 2018). S_min = E_min / B_crit is the fewest optimizer steps; "
+      "past B_crit a larger batch mostly buys fewer steps at the cost of more samples. Intervals: " +
+      format_number(100 * boot.level) + "% percentile bootstrap over seeds, " + std::to_string(boot.replicates) +
+      " replicates (fixed RNG seed " + std::to_string(boot.seed) +
+      ") that resample the reached runs with replacement within each batch and refit. A replicate with slope "
+      "<= 0 (no measurable batch penalty) has an unbounded B_crit, written \"> largest batch\".");
+  std::map<std::string, CriticalBatchInterval> out;
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& [opt, series] : g.series) {
+    const CriticalBatchInterval c = critical_batch_of(cells, opt, boot);
+    out[opt] = c;
+    const bool boot_ok = c.replicates > 0;
+    rows.push_back({opt, std::to_string(c.point.points), format_number(c.point.e_min),
+                    boot_ok ? interval(c.e_min) : "-", format_number(c.point.s_min), boot_ok ? interval(c.s_min) : "-",
+                    point_b_crit(c), format_b_crit_interval(c), boot_ok ? k_of_n(c.unbounded, c.replicates) : "-"});
+  }
+  s.doc.table({"optimizer", "runs fitted", "E_min (samples)", "E_min interval", "S_min (steps)", "S_min interval",
+               "B_crit", "B_crit interval", "unbounded replicates"},
+              rows);
   std::vector<BatchSeries> list;
-  for (auto& [opt, b] : g.series) list.push_back(b);
+  for (const auto& [opt, b] : g.series) list.push_back(b);
   plot_confirm_vs_batch(s.written(s.png("confirm")), list, s.name + ": samples to target vs batch size over seeds");
   s.doc.image(s.png("confirm"), "samples to target vs batch size per optimizer, mean +- std over seeds");
+  return out;
+}
+
+// What the time model takes from the measured part, and what it says about the gradient size.
+struct TimingInputs {
+  std::vector<CellTiming> cells;
+  std::set<std::string> gradients;  // "P parameters x b bytes (dtype)"
+  std::set<std::string> unknown;    // why a cell's parameter count is unknown
+};
+
+void add_timing(const ScalingCell& c, const CellMeasure& m, TimingInputs& t) {
+  if (!m.parameters) {
+    t.unknown.insert(c.optimizer + " batch " + std::to_string(c.batch) + ": " + m.parameters_source);
+    return;
+  }
+  if (!m.samples_per_s || c.reached == 0) return;
+  const double bytes = static_cast<double>(*m.parameters) * m.grad_value_bytes;
+  t.gradients.insert(format_number(static_cast<double>(*m.parameters)) + " parameters x " +
+                     std::to_string(m.grad_value_bytes) + " bytes (" + m.grad_dtype +
+                     ") = " + format_number(bytes / 1e6) + " MB");
+  t.cells.push_back({c.optimizer, c.batch, c.steps_stats.mean, *m.samples_per_s, bytes});
+}
+
+// Measured on this machine: seconds to target of the confirmation runs and the per-process throughput.
+TimingInputs measured_time_part(const StudyContext& s, const std::vector<ScalingCell>& cells) {
+  s.doc.heading(4, "Time to train: measured on this machine");
+  s.doc.para(
+      "Measured, not modelled: seconds to target of the confirmation runs (mean +- std over the seeds that "
+      "reached, evals included) and the per-process training throughput, from the study's stored throughput "
+      "windows of the cell's source trial (total samples over total window time) or, where it has none, from "
+      "the confirmation runs' samples to target over seconds to target; the last column says which.");
+  TimingInputs t;
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& c : cells) {
+    const CellMeasure m = measure_cell(c, s.store);
+    rows.push_back({c.optimizer, std::to_string(c.batch), k_of_n(c.reached, c.runs), mean_pm(c.seconds_stats),
+                    m.samples_per_s ? format_number(*m.samples_per_s) : "-", m.rate_source});
+    add_timing(c, m, t);
+  }
+  s.doc.table(
+      {"optimizer", "batch", "reached", "seconds to target (mean +- std)", "samples/s per process", "throughput from"},
+      rows);
+  return t;
+}
+
+std::string joined(const std::set<std::string>& xs) {
+  std::string out;
+  for (const auto& x : xs) out += (out.empty() ? "" : "; ") + x;
+  return out;
+}
+
+std::string model_assumptions(const ClusterModel& m, const TimingInputs& t) {
+  return "Modelled, not measured: N devices, each as fast per sample as the measured process (r samples/s of "
+         "its cell, assumed constant in the local batch), data parallel with the global batch B split into "
+         "local batches B/N (only N dividing B with B/N >= " +
+         std::to_string(m.min_local_batch) +
+         "), and the steps to target of B unchanged. Step time(N) = (B/N)/r + 2 (N-1)/N G/bw + 2 (N-1) alpha "
+         "(ring allreduce, no overlap with compute) with G = " +
+         joined(t.gradients) + ", bw = " + format_number(m.link_bytes_per_s / 1e9) +
+         " GB/s per device, alpha = " + format_number(m.latency_s * 1e6) +
+         " us; time to train(N) = mean steps to target(B) x step time(N), at each optimizer's fastest batch.";
+}
+
+void modelled_time_part(const StudyContext& s, const TimingInputs& t) {
+  s.doc.heading(4, "Time to train: modelled data-parallel cluster");
+  if (!t.unknown.empty()) s.doc.para("Not modelled (parameter count unknown): " + joined(t.unknown) + ".");
+  const auto rows = model_time_to_train(t.cells, s.cluster);
+  if (rows.empty()) {
+    s.doc.para("No cell has a throughput, a gradient size and a batch of at least " +
+               std::to_string(s.cluster.min_local_batch) + " to model.");
+    return;
+  }
+  s.doc.para(model_assumptions(s.cluster, t));
+  std::set<std::string> optimizers;
+  for (const auto& c : t.cells) optimizers.insert(c.optimizer);
+  std::vector<std::string> header = {"devices N"};
+  for (const auto& o : optimizers) header.push_back(o + ": seconds (batch)");
+  header.push_back("fastest");
+  std::map<std::string, TrainTimeSeries> series;
+  std::vector<std::vector<std::string>> table;
+  for (const auto& r : rows) {
+    std::vector<std::string> cells = {std::to_string(r.devices)};
+    for (const auto& o : optimizers) {
+      auto it = r.best.find(o);
+      if (it == r.best.end()) {
+        cells.push_back("-");
+        continue;
+      }
+      cells.push_back(format_number(it->second.seconds) + " (" + std::to_string(it->second.batch) + ")");
+      TrainTimeSeries& x = series[o];
+      x.optimizer = o;
+      x.devices.push_back(static_cast<double>(r.devices));
+      x.seconds.push_back(it->second.seconds);
+      x.batch.push_back(static_cast<double>(it->second.batch));
+    }
+    cells.push_back(r.winner);
+    table.push_back(cells);
+  }
+  s.doc.table(header, table);
+  std::vector<TrainTimeSeries> list;
+  for (auto& [o, x] : series) list.push_back(x);
+  plot_time_to_train(s.written(s.png("time-to-train")), list, s.name + ": modelled time to train vs devices");
+  s.doc.image(s.png("time-to-train"), "modelled time to train vs devices per optimizer, labelled with the batch");
+}
+
+// The sections of a study confirmed at several batch sizes per optimizer.
+void batch_scaling_section(const StudyContext& s, const std::vector<ScalingCell>& cells, const ConfirmGroups& g) {
+  scaling_part(s, cells);
+  const auto critical = critical_batch_part(s, cells, g);
+  modelled_time_part(s, measured_time_part(s, cells));
+  s.doc.heading(4, "Adam family vs LAMB family");
+  s.doc.para(family_statement(cells, critical));
 }
 
 void confirm_section(const StudyContext& s) {
@@ -344,17 +501,14 @@ void confirm_section(const StudyContext& s) {
   ConfirmGroups g;
   for (const auto& c : summarize_confirm(runs)) {
     rows.push_back({c.optimizer, std::to_string(c.batch), std::to_string(c.source_trial), std::to_string(c.runs),
-                    std::to_string(c.reached),
-                    c.samples.n ? format_number(c.samples.mean) + " +- " + format_number(c.samples.std) : "-",
-                    c.samples.n ? format_number(c.samples.min) : "-",
+                    std::to_string(c.reached), mean_pm(c.samples), c.samples.n ? format_number(c.samples.min) : "-",
                     c.samples.n ? format_number(c.samples.max) : "-"});
     add_confirm_summary(c, runs, g);
   }
   s.doc.table({"optimizer", "batch", "source trial", "runs", "reached", "samples mean +- std", "min", "max"}, rows);
-  bool several_batches = false;
-  for (const auto& [opt, b] : g.series) several_batches = several_batches || b.batch.size() > 1;
-  if (several_batches) {
-    critical_batch_part(s, g);
+  const auto cells = scaling_cells(runs);
+  if (several_batches(cells)) {
+    batch_scaling_section(s, cells, g);
   } else {
     plot_confirm(s.written(s.png("confirm")), g.groups, s.name + ": samples to target over seeds");
     s.doc.image(s.png("confirm"), "samples to target per optimizer over seeds");
@@ -370,13 +524,12 @@ void environment_section(const StudyContext& s) {
     s.doc.table({"key", "value"}, rows);
 }
 
-void study_section(Document& doc, const std::string& name, const std::string& dir, const std::string& out_dir,
-                   ReportFiles& files) {
-  const std::string db = existing_study_db(dir, name);
+void study_section(Document& doc, const std::string& name, const ReportOptions& o, ReportFiles& files) {
+  const std::string db = existing_study_db(o.dir, name);
   StudyStore store(db, StudyStore::Mode::kReadOnly);
   const auto objective = StudyObjective::of_study(store, name);
   const auto trials = store.trials();
-  const StudyContext s{doc, name, db, out_dir, files, store, objective, trials};
+  const StudyContext s{doc, name, db, o.out_dir, files, store, objective, trials, o.cluster};
   overview_section(s);
   optimizer_batch_section(s);
   const auto best = best_per_optimizer(trials, objective);
@@ -405,7 +558,7 @@ ReportFiles write_report(const ReportOptions& options) {
   std::string names;
   for (const auto& n : options.studies) names += (names.empty() ? "" : ", ") + n;
   const std::string title = "bertsweep report: " + names;
-  for (const auto& n : options.studies) study_section(doc, n, options.dir, options.out_dir, files);
+  for (const auto& n : options.studies) study_section(doc, n, options, files);
   files.markdown = (fs::path(options.out_dir) / "report.md").string();
   files.html = (fs::path(options.out_dir) / "report.html").string();
   std::ofstream(files.markdown) << doc.markdown(title);

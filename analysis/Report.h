@@ -4,12 +4,15 @@
 #include <string>
 #include <vector>
 
+#include "analysis/BatchScaling.h"
+
 namespace bs::analysis {
 
 struct ReportOptions {
   std::vector<std::string> studies;  // names under `dir`
   std::string dir = "studies";
   std::string out_dir;
+  ClusterModel cluster;  // the modelled time to train of a study confirmed per batch
 };
 
 struct ReportFiles {

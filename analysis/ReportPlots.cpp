@@ -105,6 +105,33 @@ void plot_confirm_vs_batch(const std::string& png, const std::vector<BatchSeries
   });
 }
 
+void plot_batch_scaling(const std::string& png, const std::vector<ScalingSeries>& series, const std::string& title) {
+  guarded("batch_scaling", [&] {
+    py::list ss;
+    for (const auto& s : series) {
+      py::dict d;
+      d["optimizer"] = s.optimizer;
+      d["batch"] = s.batch;
+      d["samples_mean"] = s.samples_mean;
+      d["samples_std"] = s.samples_std;
+      d["steps_mean"] = s.steps_mean;
+      d["steps_std"] = s.steps_std;
+      d["reached"] = s.reached;
+      d["runs"] = s.runs;
+      ss.append(d);
+    }
+    plots_module().attr("batch_scaling")(png, ss, title);
+  });
+}
+
+void plot_time_to_train(const std::string& png, const std::vector<TrainTimeSeries>& series, const std::string& title) {
+  guarded("time_to_train", [&] {
+    py::list ss;
+    for (const auto& s : series) ss.append(py::make_tuple(s.optimizer, s.devices, s.seconds, s.batch));
+    plots_module().attr("time_to_train")(png, ss, title);
+  });
+}
+
 Importance param_importance(const std::string& db_path, const std::string& study_name, const std::string& png,
                             const std::string& title) {
   return guarded("importance", [&] {

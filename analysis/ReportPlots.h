@@ -36,6 +36,20 @@ struct BatchSeries {
 };
 // Samples to target vs batch size per optimizer, error bars of one standard deviation.
 void plot_confirm_vs_batch(const std::string& png, const std::vector<BatchSeries>& series, const std::string& title);
+// Samples to target and steps to target vs batch size per optimizer: two log-log panels, error bars of one
+// standard deviation over the seeds (reached runs only; `reached`/`runs` label the points where some missed).
+struct ScalingSeries {
+  std::string optimizer;
+  std::vector<double> batch, samples_mean, samples_std, steps_mean, steps_std;
+  std::vector<int> reached, runs;
+};
+void plot_batch_scaling(const std::string& png, const std::vector<ScalingSeries>& series, const std::string& title);
+// Modelled time to train vs devices per optimizer (log-log); each marker labelled with the batch it chose.
+struct TrainTimeSeries {
+  std::string optimizer;
+  std::vector<double> devices, seconds, batch;
+};
+void plot_time_to_train(const std::string& png, const std::vector<TrainTimeSeries>& series, const std::string& title);
 // Optuna's importances of the study stored in db_path (opened read-only, no table created); the bar chart
 // goes to png only when they are available.
 Importance param_importance(const std::string& db_path, const std::string& study_name, const std::string& png,

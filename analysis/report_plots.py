@@ -118,6 +118,60 @@ def confirm_vs_batch(path, series, title):
     _save(fig, path)
 
 
+def _log_axes(ax, xbase):
+    """Log x (base xbase) and log10 y with plain numbers at 1, 2, 5 x 10^k (no 10^k notation)."""
+    plain = matplotlib.ticker.FuncFormatter(lambda v, _: "%g" % v)
+    ax.set_xscale("log", base=xbase)
+    ax.set_yscale("log")
+    ax.xaxis.set_major_formatter(plain)
+    ax.yaxis.set_major_locator(matplotlib.ticker.LogLocator(base=10, subs=(1.0, 2.0, 5.0)))
+    ax.yaxis.set_major_formatter(plain)
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+
+
+def batch_scaling(path, series, title):
+    """series: [{"optimizer", "batch", "samples_mean", "samples_std", "steps_mean", "steps_std", "reached",
+    "runs"}]; two log-log panels (samples to target, steps to target vs global batch), one line per optimizer,
+    error bars of one standard deviation over the seeds that reached; "k/n" where only k of n runs reached."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4.5))
+    panels = (("samples_mean", "samples_std", "samples to target"), ("steps_mean", "steps_std", "steps to target"))
+    for ax, (mean_key, std_key, label) in zip(axes, panels):
+        for s in series:
+            if not s["batch"]:
+                continue
+            ax.errorbar(s["batch"], s[mean_key], yerr=s[std_key], marker="o", capsize=4, label=s["optimizer"])
+            for b, m, k, n in zip(s["batch"], s[mean_key], s["reached"], s["runs"]):
+                if k < n:
+                    ax.annotate("%d/%d" % (k, n), (b, m), textcoords="offset points", xytext=(4, 4), fontsize=7)
+        _log_axes(ax, 2)
+        ax.set_xlabel("global batch size")
+        ax.set_ylabel(label + " (mean +- std over seeds)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.suptitle(title)
+    _save(fig, path)
+
+
+def time_to_train(path, series, title):
+    """series: [(optimizer, [devices], [seconds], [batch chosen])]; log-log, one line per optimizer, each
+    marker labelled with the global batch that gives that optimizer its shortest modelled time."""
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for name, devices, seconds, batches in series:
+        if not devices:
+            continue
+        line = ax.plot(devices, seconds, marker="o", label=name)[0]
+        for n, t, b in zip(devices, seconds, batches):
+            ax.annotate("B=%d" % b, (n, t), textcoords="offset points", xytext=(4, 4), fontsize=7,
+                        color=line.get_color())
+    _log_axes(ax, 2)
+    ax.set_xlabel("devices N (data parallel)")
+    ax.set_ylabel("modelled time to train (s)")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    _save(fig, path)
+
+
 def importance(db_path, study_name, path, title):
     """Optuna's parameter importances of the study in db_path (read-only).
 

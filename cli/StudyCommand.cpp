@@ -48,8 +48,9 @@ Study config keys: name, objective (samples_to_target | seconds_to_target | fina
 list for multi-objective), direction, sampler (tpe|cmaes|random|grid|qmc), pruner (median|
 successive_halving|hyperband|none), n_trials, parallel, seed, retry_failed, trial_timeout, base or
 base_config, space, derived, stratify (choice parameters whose every combination gets an equal share of
-the trials), launcher {kind: local|mpirun|srun, ranks, hostfile, extra_args (more mpirun/srun
-arguments, one list item each), gpus_per_trial, gpus, cpus_per_trial, and for srun: nodes,
+the trials; with tpe/cmaes each such cell has its own sampler over its own trials, and the median pruner
+compares a trial with its own cell), launcher {kind: local|mpirun|srun, ranks, hostfile, extra_args
+(more mpirun/srun arguments, one list item each), gpus_per_trial, gpus, cpus_per_trial, and for srun: nodes,
 ranks_per_node, partition, time_limit, mpi (default pmix when ranks > 1), job_name (default
 bs-{study}-{trial}), queue_timeout}. See configs/studies/.
 Slurm (launcher.kind: srun): each trial is a job (a step when the controller runs inside an allocation,

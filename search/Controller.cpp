@@ -17,6 +17,7 @@
 #include <iomanip>
 #include <iostream>
 #include <memory>
+#include <optional>
 #include <sstream>
 #include <thread>
 
@@ -288,14 +289,15 @@ class StudyRun {
     return waiting > 0 || total - retried < c_.n_trials;
   }
 
-  // Stratified studies: queue the least-tried cell (ties: declaration order) unless a retry is waiting,
-  // which Optuna hands out first. Counted from Optuna's trials, so a resumed study keeps the balance.
-  void enqueue_next_stratum() {
+  // Stratified studies: the least-tried cell (ties: declaration order); none when not stratified or when
+  // a retry is waiting, which Optuna hands out first. Counted from Optuna's trials, so a resumed study
+  // keeps the balance.
+  std::optional<std::map<std::string, ParamValue>> next_stratum() {
     const auto cells = c_.strata();
-    if (cells.empty()) return;
+    if (cells.empty()) return std::nullopt;
     std::vector<int> tried(cells.size(), 0);
     for (const auto& t : bridge_->trials()) {
-      if (t.state == "WAITING") return;
+      if (t.state == "WAITING") return std::nullopt;
       if (t.user_attrs.count("bs_retry_of")) continue;
       for (size_t i = 0; i < cells.size(); ++i) {
         bool match = true;
@@ -307,13 +309,17 @@ class StudyRun {
       }
     }
     size_t pick = static_cast<size_t>(std::min_element(tried.begin(), tried.end()) - tried.begin());
-    bridge_->enqueue(cells[pick], {});
+    return cells[pick];
+  }
+
+  OptunaBridge::Asked ask_next() {
+    auto cell = next_stratum();
+    return cell ? bridge_->ask_in_cell(c_.space, base_, *cell) : bridge_->ask(c_.space, base_);
   }
 
   void launch_one() {
     auto r = std::make_unique<RunningTrial>();
-    enqueue_next_stratum();
-    OptunaBridge::Asked a = bridge_->ask(c_.space, base_);
+    OptunaBridge::Asked a = ask_next();
     TrialRecord& rec = r->rec;
     rec.number = a.number;
     rec.params_json = params_to_json(a.params);

@@ -7,6 +7,7 @@
 #include <stdexcept>
 
 #include "common/BuildInfo.h"
+#include "search/CellSearchSource.h"
 #include "search/StudyConfig.h"
 
 namespace py = pybind11;
@@ -97,7 +98,134 @@ struct __attribute__((visibility("hidden"))) OptunaBridge::Impl {
   py::object study;
   py::object trial_state;              // optuna.trial.TrialState
   std::map<int64_t, py::object> live;  // trials asked in this session
+  std::string sampler_kind;            // StudyConfig::sampler
+  int64_t seed = 0;                    // StudyConfig::seed
+  bool per_cell = false;               // each cell has its own sampler (ask_in_cell)
 };
+
+namespace {
+
+// search/cell_search.py, loaded once from the compiled-in source (kept for the process: never destroyed
+// after the interpreter, which would crash at exit).
+py::object& cell_search() {
+  static py::object* mod = [] {
+    py::object m = py::module_::import("types").attr("ModuleType")("bs_cell_search");
+    py::exec(cell_search_source(), m.attr("__dict__"));
+    return new py::object(m);
+  }();
+  return *mod;
+}
+
+int64_t stored_trials(const py::object& optuna, const std::string& name, const py::object& storage) {
+  try {
+    py::object s = optuna.attr("load_study")(py::arg("study_name") = name, py::arg("storage") = storage);
+    return static_cast<int64_t>(py::len(s.attr("get_trials")(py::arg("deepcopy") = false)));
+  } catch (py::error_already_set& e) {
+    if (!e.matches(PyExc_KeyError)) throw;
+  }
+  return 0;
+}
+
+py::object make_sampler(const py::object& optuna, const StudyConfig& config, int64_t seed_value) {
+  py::int_ seed(seed_value);
+  py::object samplers = optuna.attr("samplers");
+  if (config.sampler == "tpe")
+    return samplers.attr("TPESampler")(py::arg("multivariate") = true, py::arg("seed") = seed,
+                                       py::arg("constant_liar") = config.parallel > 1);
+  if (config.sampler == "cmaes") return samplers.attr("CmaEsSampler")(py::arg("seed") = seed);
+  if (config.sampler == "random") return samplers.attr("RandomSampler")(py::arg("seed") = seed);
+  if (config.sampler == "qmc") return samplers.attr("QMCSampler")(py::arg("seed") = seed);
+  if (config.sampler == "grid") {
+    py::dict grid;
+    for (const auto& p : config.space.params()) {
+      py::list values;
+      for (const auto& v : p.grid_values()) values.append(to_python(v));
+      grid[py::str(p.key)] = values;
+    }
+    return samplers.attr("GridSampler")(grid, py::arg("seed") = seed);
+  }
+  throw std::runtime_error("unknown sampler '" + config.sampler + "'");
+}
+
+// A cell's sampler sees only that cell's few trials: TPE models after 3 of them (its default 10 would
+// leave an 8-trial cell purely random). No constant liar: running trials stay out of the cell's study.
+py::object make_cell_sampler(const py::object& optuna, const std::string& kind, int64_t seed) {
+  py::object samplers = optuna.attr("samplers");
+  if (kind == "tpe")
+    return samplers.attr("TPESampler")(py::arg("n_startup_trials") = 3, py::arg("multivariate") = true,
+                                       py::arg("seed") = seed);
+  if (kind == "cmaes") return samplers.attr("CmaEsSampler")(py::arg("seed") = seed);
+  throw std::logic_error("no per-cell sampler for '" + kind + "'");
+}
+
+// A stratified study's median pruner compares a trial only with the trials of its own cell: across
+// cells (other batch sizes, other optimizers) is the comparison the study measures.
+py::object make_pruner(const py::object& optuna, const StudyConfig& config) {
+  py::object pruners = optuna.attr("pruners");
+  if (config.pruner == "median" && !config.stratify.empty())
+    return cell_search().attr("CellMedianPruner")(config.stratify, py::arg("n_startup_trials") = 2);
+  if (config.pruner == "median")
+    return pruners.attr("MedianPruner")(py::arg("n_startup_trials") = 2, py::arg("n_warmup_steps") = 0);
+  if (config.pruner == "successive_halving") return pruners.attr("SuccessiveHalvingPruner")();
+  if (config.pruner == "hyperband") return pruners.attr("HyperbandPruner")();
+  return pruners.attr("NopPruner")();
+}
+
+uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// The cell sampler's seed: the study seed, the cell and how many trials the cell was given, nothing
+// else, so that trials of other cells never change a cell's next suggestion. Given, not only finished:
+// two running trials of a cell, or a failed trial and the next one, must not draw the same values.
+int64_t cell_seed(int64_t seed, const std::map<std::string, ParamValue>& cell, int64_t given) {
+  uint64_t h = 1469598103934665603ull;  // FNV-1a of the cell's "key=value;" text
+  for (const auto& kv : cell)
+    for (char ch : kv.first + "=" + to_string(kv.second) + ";") {
+      h ^= static_cast<unsigned char>(ch);
+      h *= 1099511628211ull;
+    }
+  uint64_t x = splitmix64(splitmix64(static_cast<uint64_t>(seed) ^ h) + static_cast<uint64_t>(given));
+  return static_cast<int64_t>(x >> 33);  // numpy's seeds are below 2^32
+}
+
+// Answers each parameter from an Optuna trial: suggest_* with the parameter's distribution (a value
+// enqueued into that trial comes back as it is).
+Suggest suggest_from(const py::object& trial) {
+  return [trial](const SpaceParam& p) -> ParamValue {
+    py::str name(p.key);
+    switch (p.kind) {
+      case SpaceParam::Kind::kChoice: {
+        py::list choices;
+        for (const auto& c : p.choices) choices.append(to_python(c));
+        return from_python(trial.attr("suggest_categorical")(name, choices));
+      }
+      case SpaceParam::Kind::kUniform: return from_python(trial.attr("suggest_float")(name, p.low, p.high));
+      case SpaceParam::Kind::kLogUniform:
+        return from_python(trial.attr("suggest_float")(name, p.low, p.high, py::arg("log") = true));
+      case SpaceParam::Kind::kInt:
+        if (p.pow2) {
+          py::list choices;
+          for (const auto& c : p.choices) choices.append(to_python(c));
+          return from_python(trial.attr("suggest_categorical")(name, choices));
+        }
+        return from_python(trial.attr("suggest_int")(name, static_cast<int64_t>(p.low), static_cast<int64_t>(p.high),
+                                                     py::arg("step") = p.step, py::arg("log") = p.log));
+    }
+    throw std::logic_error("unhandled parameter kind");
+  };
+}
+
+py::dict to_python_dict(const std::map<std::string, ParamValue>& params) {
+  py::dict d;
+  for (const auto& kv : params) d[py::str(kv.first)] = to_python(kv.second);
+  return d;
+}
+
+}  // namespace
 
 OptunaBridge::OptunaBridge(const std::string& db_path, const StudyConfig& config) : impl_(new Impl) {
   ensure_python();
@@ -113,51 +241,16 @@ OptunaBridge::OptunaBridge(const std::string& db_path, const StudyConfig& config
     py::object storage =
         I.optuna.attr("storages").attr("RDBStorage")(py::arg("url") = url, py::arg("engine_kwargs") = engine_kwargs);
     // Seed offset by the trials already stored, so that a continued study samples new points.
-    int64_t existing = 0;
-    try {
-      py::object s = I.optuna.attr("load_study")(py::arg("study_name") = config.name, py::arg("storage") = storage);
-      existing = py::len(s.attr("get_trials")(py::arg("deepcopy") = false));
-    } catch (py::error_already_set& e) {
-      if (!e.matches(PyExc_KeyError)) throw;
-    }
-    py::int_ seed(config.seed + existing);
-    py::object samplers = I.optuna.attr("samplers");
-    py::object sampler;
-    if (config.sampler == "tpe")
-      sampler = samplers.attr("TPESampler")(py::arg("multivariate") = true, py::arg("seed") = seed,
-                                            py::arg("constant_liar") = config.parallel > 1);
-    else if (config.sampler == "cmaes")
-      sampler = samplers.attr("CmaEsSampler")(py::arg("seed") = seed);
-    else if (config.sampler == "random")
-      sampler = samplers.attr("RandomSampler")(py::arg("seed") = seed);
-    else if (config.sampler == "qmc")
-      sampler = samplers.attr("QMCSampler")(py::arg("seed") = seed);
-    else if (config.sampler == "grid") {
-      py::dict grid;
-      for (const auto& p : config.space.params()) {
-        py::list values;
-        for (const auto& v : p.grid_values()) values.append(to_python(v));
-        grid[py::str(p.key)] = values;
-      }
-      sampler = samplers.attr("GridSampler")(grid, py::arg("seed") = seed);
-    } else {
-      throw std::runtime_error("unknown sampler '" + config.sampler + "'");
-    }
-    py::object pruners = I.optuna.attr("pruners");
-    py::object pruner;
-    if (config.pruner == "median")
-      pruner = pruners.attr("MedianPruner")(py::arg("n_startup_trials") = 2, py::arg("n_warmup_steps") = 0);
-    else if (config.pruner == "successive_halving")
-      pruner = pruners.attr("SuccessiveHalvingPruner")();
-    else if (config.pruner == "hyperband")
-      pruner = pruners.attr("HyperbandPruner")();
-    else
-      pruner = pruners.attr("NopPruner")();
+    py::object sampler = make_sampler(I.optuna, config, config.seed + stored_trials(I.optuna, config.name, storage));
     py::list directions;
     for (const auto& d : config.directions) directions.append(d);
-    I.study = I.optuna.attr("create_study")(py::arg("study_name") = config.name, py::arg("storage") = storage,
-                                            py::arg("sampler") = sampler, py::arg("pruner") = pruner,
-                                            py::arg("directions") = directions, py::arg("load_if_exists") = true);
+    I.study =
+        I.optuna.attr("create_study")(py::arg("study_name") = config.name, py::arg("storage") = storage,
+                                      py::arg("sampler") = sampler, py::arg("pruner") = make_pruner(I.optuna, config),
+                                      py::arg("directions") = directions, py::arg("load_if_exists") = true);
+    I.sampler_kind = config.sampler;
+    I.seed = config.seed;
+    I.per_cell = !config.stratify.empty() && (config.sampler == "tpe" || config.sampler == "cmaes");
   });
 }
 
@@ -172,31 +265,44 @@ OptunaBridge::Asked OptunaBridge::ask(const SearchSpace& space, const TrainConfi
     Asked a;
     a.number = trial.attr("number").cast<int64_t>();
     impl_->live[a.number] = trial;
-    a.params = space.sample(base, [&](const SpaceParam& p) -> ParamValue {
-      py::str name(p.key);
-      switch (p.kind) {
-        case SpaceParam::Kind::kChoice: {
-          py::list choices;
-          for (const auto& c : p.choices) choices.append(to_python(c));
-          return from_python(trial.attr("suggest_categorical")(name, choices));
-        }
-        case SpaceParam::Kind::kUniform: return from_python(trial.attr("suggest_float")(name, p.low, p.high));
-        case SpaceParam::Kind::kLogUniform:
-          return from_python(trial.attr("suggest_float")(name, p.low, p.high, py::arg("log") = true));
-        case SpaceParam::Kind::kInt:
-          if (p.pow2) {
-            py::list choices;
-            for (const auto& c : p.choices) choices.append(to_python(c));
-            return from_python(trial.attr("suggest_categorical")(name, choices));
-          }
-          return from_python(trial.attr("suggest_int")(name, static_cast<int64_t>(p.low), static_cast<int64_t>(p.high),
-                                                       py::arg("step") = p.step, py::arg("log") = p.log));
-      }
-      throw std::logic_error("unhandled parameter kind");
-    });
+    a.params = space.sample(base, suggest_from(trial));
     for (auto kv : py::dict(trial.attr("user_attrs"))) a.user_attrs[text_of(kv.first)] = text_of(kv.second);
     return a;
   });
+}
+
+// TPE and CMA-ES model the trials they see; fed the whole study they would hand one cell the values that
+// suited another (LAMB the learning rate that suited Adam). So the cell's values are drawn by a fresh
+// sampler over an in-memory study of the cell's finished trials only, and then fixed in the study file.
+OptunaBridge::Asked OptunaBridge::ask_in_cell(const SearchSpace& space, const TrainConfig& base,
+                                              const std::map<std::string, ParamValue>& cell) {
+  if (!impl_->per_cell) {  // random, qmc: no model to mislead (and qmc keeps its sequence)
+    enqueue(cell, {});
+    return ask(space, base);
+  }
+  auto& I = *impl_;
+  py::object cell_study, cell_trial;
+  auto params = guarded("ask in cell", [&] {
+    py::dict cell_values = to_python_dict(cell);
+    py::object history = cell_search().attr("finished_in_cell")(I.study, cell_values);
+    const int64_t given = cell_search().attr("started_in_cell")(I.study, cell_values).cast<int64_t>();
+    py::object sampler = make_cell_sampler(I.optuna, I.sampler_kind, cell_seed(I.seed, cell, given));
+    cell_study = cell_search().attr("cell_study")(I.study, history, sampler);
+    cell_study.attr("enqueue_trial")(cell_values);
+    cell_trial = cell_study.attr("ask")();
+    return space.sample(base, suggest_from(cell_trial));
+  });
+  // Every value fixed, so that the study file records each parameter with its distribution.
+  enqueue(params, {});
+  Asked a = ask(space, base);
+  if (a.params != params) {
+    tell_fail(a.number);
+    throw std::logic_error("ask in cell: trial " + std::to_string(a.number) + " got " + params_to_json(a.params) +
+                           ", not the cell sampler's " + params_to_json(params));
+  }
+  guarded("keep cell sampler state",
+          [&] { cell_search().attr("keep_sampler_state")(cell_study, cell_trial, I.study, a.number); });
+  return a;
 }
 
 void OptunaBridge::report(int64_t number, double value, int64_t step) {
@@ -268,10 +374,9 @@ void OptunaBridge::set_user_attr(int64_t number, const std::string& key, const s
 void OptunaBridge::enqueue(const std::map<std::string, ParamValue>& params,
                            const std::map<std::string, std::string>& user_attrs) {
   guarded("enqueue_trial", [&] {
-    py::dict p, u;
-    for (const auto& kv : params) p[py::str(kv.first)] = to_python(kv.second);
+    py::dict u;
     for (const auto& kv : user_attrs) u[py::str(kv.first)] = kv.second;
-    impl_->study.attr("enqueue_trial")(p, py::arg("user_attrs") = u);
+    impl_->study.attr("enqueue_trial")(to_python_dict(params), py::arg("user_attrs") = u);
   });
 }
 

@@ -1,6 +1,7 @@
 // Optuna through pybind11's embedded interpreter: one study in `sqlite:///<dir>/<name>/study.db`,
-// ask/tell, intermediate reports and pruning, re-queued trials. All calls happen on the controller's
-// thread. Python errors become std::runtime_error carrying the Python traceback text.
+// ask/tell, intermediate reports and pruning, re-queued trials, and a stratified study's per-cell sampling
+// and median pruning (search/cell_search.py). All calls happen on the controller's thread. Python errors
+// become std::runtime_error carrying the Python traceback text.
 #pragma once
 #include <cstdint>
 #include <map>
@@ -32,7 +33,8 @@ struct OptunaTrialInfo {
 class OptunaBridge {
  public:
   // Creates the study or loads it (load_if_exists). The sampler's seed is `seed + trials already in the
-  // study`, so a resumed random/qmc sampler does not repeat the first session's points.
+  // study`, so a resumed random/qmc sampler does not repeat the first session's points. A stratified
+  // study's `median` pruner compares a trial with the COMPLETE trials of its own cell only.
   OptunaBridge(const std::string& db_path, const StudyConfig& config);
   ~OptunaBridge();
   OptunaBridge(const OptunaBridge&) = delete;
@@ -45,6 +47,11 @@ class OptunaBridge {
     std::map<std::string, std::string> user_attrs;
   };
   Asked ask(const SearchSpace& space, const TrainConfig& base);
+  // A new trial in `cell` ({stratify key: value}, a stratified study). tpe/cmaes: a fresh sampler of that
+  // kind draws the rest over an in-memory study of the cell's finished trials only, seeded by the study
+  // seed, the cell and the cell's trial count; the values are then enqueued into this study and asked, so
+  // the study file records every parameter. random/qmc: the cell is enqueued and `ask` draws the rest.
+  Asked ask_in_cell(const SearchSpace& space, const TrainConfig& base, const std::map<std::string, ParamValue>& cell);
 
   void report(int64_t number, double value, int64_t step);
   bool should_prune(int64_t number);

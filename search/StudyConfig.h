@@ -50,7 +50,8 @@ struct StudyConfig {
   double trial_timeout = 0;  // seconds without an event before a trial is killed; 0: none
   // Choice parameters whose every combination ("cell") gets an equal share of the trials: each new trial
   // is enqueued with the least-tried cell's values and the sampler picks the rest, so e.g. every
-  // (optimizer, batch) pair is tuned instead of the sampler settling on one early.
+  // (optimizer, batch) pair is tuned instead of the sampler settling on one early. tpe/cmaes then sample
+  // and the median pruner compares within the cell (OptunaBridge::ask_in_cell, search/cell_search.py).
   std::vector<std::string> stratify;
   std::string base_yaml;  // the base training config, every key explicit (canonical)
   SearchSpace space;

@@ -21,6 +21,7 @@
 #include "PngCheck.h"
 #include "StudyFixture.h"
 #include "TestUtil.h"
+#include "analysis/BatchScaling.h"
 #include "analysis/Report.h"
 #include "common/TrainConfig.h"
 #include "studies/ConfigExport.h"
@@ -146,6 +147,17 @@ TEST(ExportE2E, BestYamlIsTheStoredConfigAndTrainsToTheSameSamples) {
   auto samples = done_samples(t.out);
   ASSERT_TRUE(samples) << t.out;
   EXPECT_EQ(*samples, *best->samples);
+  // The report's parameter count (the modelled allreduce size) from the stored config and the data's vocab.txt
+  // equals what the trainer counted in its start event.
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(t.out, m, std::regex("\"event\":\\s*\"start\"[^\\n]*\"parameters\":\\s*([0-9]+)")))
+      << t.out;
+  TrainConfig stored = TrainConfig::read_stored(best->config);
+  std::string where;
+  auto vocab = analysis::vocab_size_of(stored, where);
+  ASSERT_TRUE(vocab) << where;
+  stored.model.vocab_size = *vocab;
+  EXPECT_EQ(analysis::bert_parameter_count(stored.model), std::stoll(m[1].str())) << where;
 }
 
 TEST(ExportE2E, WhereTopSetAndMlperfJson) {
@@ -356,6 +368,18 @@ TEST(ConfirmE2E, PerBatchConfirmsTheBestTrialOfEveryOptimizerAndBatch) {
     EXPECT_NE(md.find("### Best trial per optimizer and batch size"), std::string::npos) << md;
   }
   EXPECT_TRUE(fs::exists(out + "/" + std::string(kStudyName) + "-confirm.png"));
+  // An optimizer whose runs reached at two batch sizes or more: the batch-scaling sections and their plots.
+  SQLite::Statement reached_q(sql, "SELECT optimizer, COUNT(DISTINCT batch) FROM bs_confirm WHERE reached GROUP BY 1");
+  bool several = false;
+  while (reached_q.executeStep()) several = several || reached_q.getColumn(1).getInt() > 1;
+  for (const std::string h : {"#### Samples and steps to target vs batch size", "#### Critical batch size",
+                              "#### Time to train: measured on this machine", "#### Adam family vs LAMB family"})
+    EXPECT_EQ(md.find(h) != std::string::npos, several) << h << "\n" << md;
+  EXPECT_EQ(fs::exists(out + "/" + std::string(kStudyName) + "-batch-scaling.png"), several);
+  if (several) {  // the real study's data folder has vocab.txt: the time model runs
+    EXPECT_TRUE(fs::exists(out + "/" + std::string(kStudyName) + "-time-to-train.png")) << md;
+    EXPECT_NE(md.find("parameters x 4 bytes (fp32)"), std::string::npos) << md;
+  }
 }
 
 TEST(ConfirmE2E, SeedsPerOptimizerAreStoredAndSummarised) {

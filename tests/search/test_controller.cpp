@@ -212,6 +212,45 @@ TEST(Controller, StratifiedStudyGivesEveryCellAnEqualShareAndKeepsItOnResume) {
   for (const auto& kv : n) EXPECT_EQ(kv.second, 3) << kv.first.first << "x" << kv.first.second;
 }
 
+// Per-cell TPE and a retry: the failed trial's retry goes first with its exact parameters (no cell is
+// chosen for it and it does not count for its cell), then the cells stay balanced.
+TEST(Controller, StratifiedTpeStudyRetriesAFailedTrialWithItsParameters) {
+  std::string dir = test::make_temp_dir("ctl");
+  ControllerOptions o = quiet_options(dir, test::write_fake_trainer(dir));
+  ASSERT_EQ(Controller(study("[1, 4]",  // layers 4 segfaults: retried once
+                             "  optimizer.lr: {log_uniform: [1.0e-4, 1.0e-2]}\n"
+                             "sampler: tpe\nstratify: [model.layers]\nretry_failed: 1\nn_trials: 4\n"),
+                       o)
+                .run(),
+            0);
+  auto trials = StudyStore(dir + "/ctl/study.db").trials();
+  ASSERT_EQ(trials.size(), 6u);  // 4 in the budget plus the 2 retries
+  std::map<int64_t, int> by_cell;
+  for (const auto& t : trials) {
+    if (t.retry_of >= 0) {
+      EXPECT_EQ(t.number, t.retry_of + 1) << "a retry goes first";
+      EXPECT_EQ(t.params_json, trials.at(t.retry_of).params_json);
+    } else {
+      ++by_cell[YAML::Load(t.config_yaml)["model"]["layers"].as<int64_t>()];
+    }
+  }
+  EXPECT_EQ(by_cell[1], 2);
+  EXPECT_EQ(by_cell[4], 2);
+}
+
+// Layers-2 trials stay at 1% accuracy and layers-1 trials climb: the whole study's median would prune
+// the second layers-2 trial, but within its cell it is no worse than the others.
+TEST(Controller, StratifiedMedianPrunerComparesTrialsOfTheSameCell) {
+  std::string dir = test::make_temp_dir("ctl");
+  ControllerOptions o = quiet_options(dir, test::write_fake_trainer(dir));
+  ASSERT_EQ(
+      Controller(study("[1, 2]", "sampler: random\npruner: median\nstratify: [model.layers]\nn_trials: 6\n"), o).run(),
+      0);
+  auto trials = StudyStore(dir + "/ctl/study.db").trials();
+  ASSERT_EQ(trials.size(), 6u);
+  for (const auto& t : trials) EXPECT_EQ(t.state, "COMPLETE") << t.number << " " << t.reason;
+}
+
 TEST(Controller, StratifyMustNameUnconditionalChoiceParameters) {
   auto err = [](const std::string& extra) {
     try {

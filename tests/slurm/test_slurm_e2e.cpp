@@ -41,9 +41,10 @@ std::string cluster_status() {
 }
 
 // A study of srun trials of bert-tiny on the small dataset with an unreachable target: every trial runs its
-// whole budget (768 samples, an eval every 256) unless stopped. The lr choices are stratified, so trials
-// take them in order: two that learn, then one that cannot (for the pruner).
-std::string write_study(const std::string& dir, const std::string& name, const std::string& extra = "") {
+// whole budget (768 samples, an eval every 256) unless stopped. The lr choices are stratified (`order`), so
+// trials take them in order: two that learn, then one that cannot.
+std::string write_study(const std::string& dir, const std::string& name, const std::string& extra = "",
+                        const std::string& order = "stratify: [optimizer.lr]\n") {
   const std::string path = dir + "/" + name + ".yaml";
   std::ofstream(path) << "name: " << name << "\nobjective: samples_to_target\nsampler: random\npruner: none\n"
                       << "n_trials: 2\nparallel: 2\nseed: 5\n"
@@ -51,8 +52,8 @@ std::string write_study(const std::string& dir, const std::string& name, const s
                       << "  data: {dir: " << test::small_brown_dataset() << ", eval_samples: 64}\n"
                       << "  batch: {global: 32, micro: 32}\n  optimizer: {name: adamw}\n"
                       << "  target: {mlm_accuracy: 0.99, max_samples: 768, eval_every_samples: 256}\n"
-                      << "space:\n  optimizer.lr: {choice: [0.02, 0.015, 1.0e-9]}\nstratify: [optimizer.lr]\n"
-                      << "launcher: {kind: srun}\n"
+                      << "space:\n  optimizer.lr: {choice: [0.02, 0.015, 1.0e-9]}\n"
+                      << order << "launcher: {kind: srun}\n"
                       << extra;
   return path;
 }
@@ -223,10 +224,13 @@ TEST(SlurmE2E, CancelledAndTimedOutTrialsKeepSlurmsReasonAndJobId) {
 TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
   REQUIRE_SLURM_CLUSTER();
   const std::string dir = test::make_temp_dir("slurm-stop");
-  const std::string file = write_study(dir, "sstop");
+  // Not stratified: a stratified study's median pruner compares within a cell, and each lr is its own cell.
+  // Seed 1's random sampler draws 0.015, 0.02, then 1e-9 instead.
+  const std::string file = write_study(dir, "sstop", "", "");
   // Pruning: trials 0 and 1 learn, trial 2 (lr 1e-9) cannot and is pruned at its first comparable eval.
   auto r = test::run(
-      study_run(file, dir, {"pruner=median", "n_trials=3", "parallel=1", "base.checkpoint.dir=" + dir + "/ck-prune"}),
+      study_run(file, dir,
+                {"pruner=median", "seed=1", "n_trials=3", "parallel=1", "base.checkpoint.dir=" + dir + "/ck-prune"}),
       600);
   ASSERT_EQ(r.exit_code, 0) << r.err;
   {
