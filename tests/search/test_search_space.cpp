@@ -31,6 +31,31 @@ std::string error_of(const std::string& text) {
 const char* kHead = "name: t\nbase: {batch: {global: 64, micro: 16}}\nspace:\n";
 }  // namespace
 
+// configs/studies/optimizer-study.yaml (BENCHMARKS.md section 7): 8 trials for each of the 12 cells, every trial
+// from the phase-1 checkpoint, and the sample budget and eval interval scaled by sqrt(batch / 256).
+TEST(SearchSpace, TheOptimizerStudyScalesBudgetAndEvalIntervalWithSqrtBatch) {
+  StudyConfig c = StudyConfig::load(test::source_dir() + "/configs/studies/optimizer-study.yaml");
+  EXPECT_EQ(c.sampler, "tpe");
+  EXPECT_EQ(c.pruner, "median");
+  ASSERT_EQ(c.strata().size(), 12u);
+  EXPECT_EQ(c.n_trials, 8 * 12);
+  for (int64_t batch : {64, 256, 1024}) {
+    const std::map<std::string, ParamValue> sampled = {{"optimizer.name", std::string("nvlamb")},
+                                                       {"batch.global", batch},
+                                                       {"optimizer.lr", 0.004},
+                                                       {"optimizer.beta2", 0.99},
+                                                       {"schedule.warmup_fraction", 0.1}};
+    TrainConfig t = c.space.resolve(c.base(), sampled, "trial");
+    const double root = std::sqrt(static_cast<double>(batch) / 256.0);
+    EXPECT_EQ(t.target.max_samples, static_cast<int64_t>(32768 * root)) << batch;
+    EXPECT_EQ(t.target.eval_every_samples, static_cast<int64_t>(2048 * root)) << batch;
+    EXPECT_EQ(t.model.init_checkpoint, "data/proxy-phase1/checkpoint-512.pt");
+    EXPECT_EQ(t.model.hidden, 256);
+    EXPECT_EQ(t.data.seq_len, 64);
+    EXPECT_DOUBLE_EQ(t.target.mlm_accuracy, 0.140);
+  }
+}
+
 TEST(SearchSpace, ReadsTheShippedStudyConfigs) {
   for (std::string f : {"demo.yaml", "smoke.yaml", "adam-vs-lamb.yaml"}) {
     StudyConfig c = StudyConfig::load(test::source_dir() + "/configs/studies/" + f);
