@@ -47,7 +47,7 @@ TEST(SearchSpace, TheOptimizerStudyScalesBudgetAndEvalIntervalWithSqrtBatch) {
                                                        {"schedule.warmup_fraction", 0.1}};
     TrainConfig t = c.space.resolve(c.base(), sampled, "trial");
     const double root = std::sqrt(static_cast<double>(batch) / 256.0);
-    EXPECT_EQ(t.target.max_samples, static_cast<int64_t>(32768 * root)) << batch;
+    EXPECT_EQ(t.target.max_samples, static_cast<int64_t>(40960 * root)) << batch;
     EXPECT_EQ(t.target.eval_every_samples, static_cast<int64_t>(2048 * root)) << batch;
     EXPECT_EQ(t.model.init_checkpoint, "data/proxy-phase1/checkpoint-512.pt");
     EXPECT_EQ(t.model.hidden, 256);
