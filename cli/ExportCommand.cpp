@@ -59,7 +59,7 @@ exit codes: 0 ok, 2 usage/config error, 7 unknown study, no COMPLETE trial, or -
 
 const char* kConfirmHelp = R"(usage: bertsweep study confirm NAME [--seeds N|S1,S2,...] [--per-batch] [--parallel K]
                                [--include-unreached] [--set key.path=value]... [--mllog-dir DIR]
-                               [--dir studies/] [--quiet]
+                               [--resume] [--dir studies/] [--quiet]
 
 Re-runs the best config of each optimizer of the study (the `study export --best --where optimizer=X` config)
 with several seeds: `bertsweep train --config <cfg> --set seed=S --events fd:3 --quiet`, under the study's
@@ -78,7 +78,11 @@ with several batch sizes per optimizer, plots samples to target vs batch size wi
   --mllog-dir DIR  also write each run's MLLOG as DIR/<optimizer>-b<batch>/bert/result_N.txt (N = 0, 1, ...
                    over the seeds): the results/<system>/<benchmark>/ layout MLPerf's package and RCP checkers
                    read (e.g. python -m mlperf_logging.rcp_checker DIR/lamb-b32/bert); refused when a
-                   result_N.txt it would write exists already
+                   result_N.txt it would write exists already (except with --resume)
+  --resume         continue the latest session instead of starting a new one: run only the (pair, seed) runs
+                   it has not stored (after a Ctrl-C, a lost machine or a session that ran out of time);
+                   refused when it stored a run of another trial for a pair (the study's best changed) or
+                   of another config (--set, --mllog-dir); with no session yet it starts session 1
 
 Runs go through the controller's trial pool: the study's trial_timeout stops a run without an event for that
 long (stored with its exit code and reason, as not reached), launcher.queue_timeout a Slurm job that does not
@@ -86,7 +90,7 @@ start. Ctrl-C (SIGINT/SIGTERM) drains: no new run starts, running ones finish an
 started are not stored. A second signal stops the running runs (SIGTERM, SIGKILL after 10 s; those cut short
 are not stored), a third kills at once.
 
-exit codes: 0 ok (at least one run finished), 2 usage error, 7 unknown study / no COMPLETE trial / none reached
+exit codes: 0 ok (at least one run of the session finished), 2 usage error, 7 unknown study / no COMPLETE trial / none reached
 the target / every run failed, 6 stopped by SIGINT/SIGTERM (drained, as `study run`)
 )";
 
@@ -284,7 +288,8 @@ std::vector<int64_t> parse_seeds(const std::string& s) {
 }
 
 int confirm_study(const Args& a) {
-  a.allow_only({"seeds", "per-batch", "include-unreached", "parallel", "set", "dir", "quiet", "mllog-dir", "help"});
+  a.allow_only(
+      {"seeds", "per-batch", "include-unreached", "parallel", "set", "dir", "quiet", "mllog-dir", "resume", "help"});
   if (a.positional().size() != 1) throw UsageError("give the study NAME (one)");
   search::ConfirmRunOptions o;
   o.study = a.positional()[0];
@@ -305,6 +310,7 @@ int confirm_study(const Args& a) {
   if (!o.mllog_dir.empty() && fs::exists(o.mllog_dir) && !fs::is_directory(o.mllog_dir))
     throw UsageError("--mllog-dir " + o.mllog_dir + " is not a folder");
   o.per_batch = a.has("per-batch");
+  o.resume = a.has("resume");
   o.trainer_exe = self_exe();
   const analysis::ConfirmChoice choice{o.dir, o.study, o.per_batch, a.has("include-unreached"), o.quiet};
   for (const auto& t : analysis::trials_to_confirm(choice, std::cerr))
@@ -316,8 +322,9 @@ int confirm_study(const Args& a) {
               << result.session << ")\n";
     return exit_code::kTerminated;
   }
-  for (const auto& r : result.runs)
-    if (r.exit_code == 0) return exit_code::kOk;
+  for (const auto* runs : {&result.runs, &result.earlier})
+    for (const auto& r : *runs)
+      if (r.exit_code == 0) return exit_code::kOk;
   std::cerr << "bertsweep study confirm: every run failed; see the logs under " << o.dir << "/" << o.study
             << "/confirm/session-" << result.session << "/\n";
   return exit_code::kStudy;
@@ -348,7 +355,7 @@ int study_export_command(const Argv& args) {
 }
 
 int study_confirm_command(const Argv& args) {
-  Args a(strip_subcommand(args, "confirm"), {"quiet", "per-batch", "include-unreached", "help"});
+  Args a(strip_subcommand(args, "confirm"), {"quiet", "per-batch", "include-unreached", "resume", "help"});
   if (a.has("help")) {
     std::cout << kConfirmHelp;
     return exit_code::kOk;

@@ -3,12 +3,14 @@
 #include <signal.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <deque>
 #include <filesystem>
 #include <fstream>
 #include <map>
+#include <tuple>
 #include <ostream>
 
 #include "common/Errors.h"
@@ -138,13 +140,17 @@ class ConfirmSession {
 
   ConfirmRunsResult run() {
     std::vector<std::string> configs = prepare();  // every refusal comes before the study file is written
-    ConfirmStore confirm(result_.db, /*writable=*/true);
-    store_ = &confirm;
-    result_.session = confirm.next_session();
+    const std::vector<ConfirmRun> stored = ConfirmStore(result_.db, /*writable=*/false).runs();
+    int64_t latest = 0;
+    for (const auto& r : stored) latest = std::max(latest, r.session);
+    result_.session = o_.resume && latest > 0 ? latest : latest + 1;
     const fs::path session_dir =
         fs::path(result_.db).parent_path() / "confirm" / ("session-" + std::to_string(result_.session));
     queue_ = plan_runs(o_, configs, result_.session, session_dir);
+    if (o_.resume) drop_stored_runs(stored);
     total_ = queue_.size();
+    ConfirmStore confirm(result_.db, /*writable=*/true);
+    store_ = &confirm;
     announce();
     TrialPool pool(pool_options());
     StopSignals stop_signals;
@@ -184,10 +190,36 @@ class ConfirmSession {
       TrainConfig::from_yaml(YAML::Load(configs.back()),
                              "study " + o_.study + " trial " + std::to_string(s.trial.number));
     }
-    refuse_existing_mllogs(o_);
+    if (!o_.resume) refuse_existing_mllogs(o_);  // resumed: the session's own files, replaced if not stored
     // The GPUs and what Slurm can grant are checked, and the threads computed, as for the study's trials.
     resources_ = pool_resources(study_.launcher, parallel_, o_.cores, "stored study " + o_.study);
     return configs;
+  }
+
+  // Resume: takes out of the queue the runs the session has stored (kept in result_.earlier); throws when
+  // one of them was another trial's or another config's, before anything is written.
+  void drop_stored_runs(const std::vector<ConfirmRun>& stored) {
+    std::map<std::tuple<std::string, int64_t, int64_t>, const ConfirmRun*> in_session;
+    for (const auto& r : stored)
+      if (r.session == result_.session) in_session[{r.optimizer, r.batch, r.seed}] = &r;
+    std::deque<Planned> left;
+    for (auto& p : queue_) {
+      const auto it = in_session.find({p.run.optimizer, p.run.batch, p.run.seed});
+      if (it == in_session.end()) {
+        left.push_back(std::move(p));
+        continue;
+      }
+      const ConfirmRun& done = *it->second;
+      if (done.source_trial != p.run.source_trial || done.config_yaml != p.run.config_yaml)
+        throw StudyError("study confirm --resume: session " + std::to_string(result_.session) + " ran " +
+                         run_name(done) + " from trial " + std::to_string(done.source_trial) +
+                         (done.source_trial != p.run.source_trial
+                              ? ", now the best is trial " + std::to_string(p.run.source_trial)
+                              : " with another config (other --set or --mllog-dir)") +
+                         "; run without --resume to start session " + std::to_string(result_.session + 1));
+      result_.earlier.push_back(done);
+    }
+    queue_ = std::move(left);
   }
 
   void announce() {
@@ -195,7 +227,11 @@ class ConfirmSession {
     progress_ << prefix_ << o_.sources.size() << (o_.per_batch ? " (optimizer, batch) pair(s) x " : " optimizer(s) x ")
               << o_.seeds.size() << " seed(s), " << parallel_ << " at a time, " << resources_.threads << " threads each"
               << (study_.launcher.ranks > 1 ? " of " + std::to_string(study_.launcher.ranks) + " ranks" : std::string())
-              << " (session " << result_.session << ")\n";
+              << " (session " << result_.session
+              << (o_.resume ? " resumed: " + std::to_string(result_.earlier.size()) + " run(s) stored before, " +
+                                  std::to_string(queue_.size()) + " to run"
+                            : std::string())
+              << ")\n";
   }
 
   PoolOptions pool_options() {
@@ -228,7 +264,10 @@ class ConfirmSession {
   // The run's folder and config are written only now: a run that never starts leaves nothing behind.
   void launch_next(TrialPool& pool) {
     Planned& p = queue_.front();
+    // A folder left here was never stored (a run cut short, or a session that stored nothing): stale.
+    fs::remove_all(p.run_dir);
     fs::create_directories(p.run_dir);
+    if (o_.resume && !p.mllog_path.empty()) fs::remove(p.mllog_path);
     std::ofstream(p.config_path) << p.config_text;
     if (!p.mllog_path.empty()) fs::create_directories(fs::path(p.mllog_path).parent_path());
     std::vector<std::string> args = {"--set", "seed=" + std::to_string(p.run.seed)};

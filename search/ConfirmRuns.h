@@ -47,6 +47,11 @@ struct ConfirmRunOptions {
   double kill_grace_s = 10;       // after the graceful stop, killed after this long
   std::vector<std::string> sets;  // key=value overrides applied to every exported config
   bool quiet = false;
+  // Continue the latest session instead of starting a new one: only the (source, seed) runs it has not
+  // stored are run, into that session (a confirmation stopped by a signal or a lost machine goes on where it
+  // was). Refused, before anything runs, when that session stored a run of another trial or config for one
+  // of them (the study's best changed since, or other --set or --mllog-dir).
+  bool resume = false;
   // Non-empty: each run also writes its MLLOG (`--set log.mllog=...`) as
   // DIR/<optimizer>-b<batch>/bert/result_N.txt, N = 0, 1, ... over the seeds in the order given: the
   // results/<system>/<benchmark>/result_N.txt layout MLPerf's package and RCP checkers read, one "system"
@@ -61,8 +66,9 @@ std::string confirm_mllog_path(const std::string& mllog_dir, const std::string& 
 struct ConfirmRunsResult {
   std::string db;  // the study file
   int64_t session = 0;
-  std::vector<ConfirmRun> runs;  // the runs stored, in the order they ended
-  bool drained = false;          // stopped by a signal before every planned run had ended
+  std::vector<ConfirmRun> runs;     // the runs stored, in the order they ended
+  std::vector<ConfirmRun> earlier;  // resume: the session's runs stored before, not run again
+  bool drained = false;             // stopped by a signal before every planned run had ended
 };
 
 // Throws StudyError for an unknown study, ConfigError for a run config that does not validate or a

@@ -174,3 +174,75 @@ TEST(ConfirmRuns, SecondSignalStopsTheRunningRunWhichIsNotStored) {
   EXPECT_LT(seconds, 1.2) << "the run was left to finish (it takes 1.6 s)";
   EXPECT_TRUE(ConfirmStore(db, false).runs().empty());
 }
+
+// --resume continues the latest session: only the seeds it has not stored run, into that session, a folder
+// left by a run that was never stored is replaced, a complete session runs nothing, and without --resume the
+// next confirmation is a new session.
+TEST(ConfirmRuns, ResumeRunsOnlyTheSeedsTheLatestSessionHasNotStored) {
+  const std::string dir = test::make_temp_dir("confirm-runs");
+  const std::vector<ConfirmSource> sources = make_study(dir, "0", {1});
+  std::ostringstream progress;
+  const ConfirmRunsResult first = run_confirmations(options(dir, sources, {1}), progress);
+  ASSERT_EQ(first.session, 1);
+  ASSERT_EQ(first.runs.size(), 1u);
+  const std::string seed2 =
+      dir + "/cf/confirm/session-1/" + sources[0].optimizer + "-b" + std::to_string(sources[0].batch) + "-seed2";
+  fs::create_directories(seed2);
+  std::ofstream(seed2 + "/left-by-a-run-cut-short") << "x\n";
+
+  ConfirmRunOptions o = options(dir, sources, {1, 2});
+  o.resume = true;
+  const ConfirmRunsResult resumed = run_confirmations(o, progress);
+  EXPECT_EQ(resumed.session, 1);
+  ASSERT_EQ(resumed.runs.size(), 1u) << "seed 1 was stored already";
+  EXPECT_EQ(resumed.runs[0].seed, 2);
+  ASSERT_EQ(resumed.earlier.size(), 1u);
+  EXPECT_EQ(resumed.earlier[0].seed, 1);
+  EXPECT_FALSE(fs::exists(seed2 + "/left-by-a-run-cut-short")) << "the stale folder was not replaced";
+  const auto stored = ConfirmStore(first.db, false).runs();
+  ASSERT_EQ(stored.size(), 2u);
+  for (const auto& r : stored) {
+    EXPECT_EQ(r.session, 1);
+    EXPECT_TRUE(r.reached);
+  }
+
+  const ConfirmRunsResult again = run_confirmations(o, progress);
+  EXPECT_EQ(again.session, 1);
+  EXPECT_TRUE(again.runs.empty()) << "a complete session was run again";
+  EXPECT_EQ(again.earlier.size(), 2u);
+  EXPECT_EQ(run_confirmations(options(dir, sources, {1}), progress).session, 2);
+}
+
+// --resume refuses, before running or writing anything, a session that confirmed another trial for a pair
+// (the study's best changed since) or ran it with another config.
+TEST(ConfirmRuns, ResumeRefusesASessionThatRanAnotherTrialOrConfigForAPair) {
+  const std::string dir = test::make_temp_dir("confirm-runs");
+  const std::vector<ConfirmSource> sources = make_study(dir, "0", {1});
+  std::ostringstream progress;
+  const ConfirmRunsResult first = run_confirmations(options(dir, sources, {1}), progress);
+  ASSERT_EQ(first.runs.size(), 1u);
+
+  std::vector<ConfirmSource> newer = sources;
+  newer[0].trial.number = 7;
+  ConfirmRunOptions o = options(dir, newer, {1, 2});
+  o.resume = true;
+  try {
+    run_confirmations(o, progress);
+    ADD_FAILURE() << "resumed a session that confirmed trial 0 with trial 7";
+  } catch (const StudyError& e) {
+    EXPECT_NE(std::string(e.what()).find("now the best is trial 7"), std::string::npos) << e.what();
+  }
+  o = options(dir, sources, {1, 2});
+  o.resume = true;
+  o.sets = {"target.max_samples=3000"};
+  try {
+    run_confirmations(o, progress);
+    ADD_FAILURE() << "resumed a session with another config";
+  } catch (const StudyError& e) {
+    EXPECT_NE(std::string(e.what()).find("another config"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(ConfirmStore(first.db, false).runs().size(), 1u);
+  EXPECT_FALSE(fs::exists(dir + "/cf/confirm/session-1/" + sources[0].optimizer + "-b" +
+                          std::to_string(sources[0].batch) + "-seed2"))
+      << "a refused resume started a run";
+}
