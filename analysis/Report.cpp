@@ -28,6 +28,11 @@ std::string format_number(double v) {
   return buf;
 }
 
+std::string warmup_text(const ScheduleConfig& schedule) {
+  if (schedule.warmup_steps >= 0) return std::to_string(schedule.warmup_steps) + " steps";
+  return format_number(schedule.warmup_fraction) + " of the schedule";
+}
+
 std::string base64(const std::string& bytes) {
   static const char* t = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
   std::string out;
@@ -192,10 +197,11 @@ void best_per_cell_section(const StudyContext& s, std::size_t optimizers) {
     const TrainConfig c = t.config();
     rows.push_back({trial_optimizer(t), std::to_string(trial_batch(t)), std::to_string(t.number),
                     format_number(c.optimizer.lr), format_number(c.optimizer.beta2),
-                    format_number(static_cast<double>(c.schedule.warmup_steps)), t.reached ? "yes" : "no",
+                    format_number(c.optimizer.weight_decay), warmup_text(c.schedule), t.reached ? "yes" : "no",
                     opt_num(t.samples_to_target)});
   }
-  s.doc.table({"optimizer", "batch", "trial", "lr", "beta2", "warmup steps", "reached", "samples to target"}, rows);
+  s.doc.table({"optimizer", "batch", "trial", "lr", "beta2", "weight decay", "warmup", "reached", "samples to target"},
+              rows);
 }
 
 void best_per_optimizer_section(const StudyContext& s, const std::vector<TrialRecord>& best) {

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "analysis/BatchScaling.h"
+#include "common/TrainConfig.h"
 
 namespace bs::analysis {
 
@@ -26,6 +27,8 @@ ReportFiles write_report(const ReportOptions& options);
 // How every number of the report tables is written: integral values as integers, others with 6
 // significant digits; "-" for none.
 std::string format_number(double v);
+// A schedule's warmup as configured: "N steps", or "f of the schedule" when it is a fraction (steps -1).
+std::string warmup_text(const ScheduleConfig& schedule);
 std::string base64(const std::string& bytes);
 
 }  // namespace bs::analysis

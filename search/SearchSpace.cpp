@@ -184,7 +184,13 @@ void read_when(const YAML::Node& v, SpaceParam& p, const std::string& source) {
       throw ConfigError(where(c.first, source) + ": parameter '" + p.key + "' cannot depend on itself");
     if (c.second.IsScalar()) cond.values.push_back(c.second.Scalar());
     else if (c.second.IsSequence())
-      for (const auto& x : c.second) cond.values.push_back(x.Scalar());
+      for (const auto& x : c.second) {
+        // yaml-cpp gives "" for the Scalar() of a list or map: refuse it rather than match an empty value.
+        if (!x.IsScalar())
+          throw ConfigError(where(x, source) + ": parameter '" + p.key + "': condition on '" + cond.key +
+                            "': each listed value must be a plain value, not a list or mapping");
+        cond.values.push_back(x.Scalar());
+      }
     else
       throw ConfigError(where(c.second, source) + ": parameter '" + p.key + "': condition on '" + cond.key +
                         "' must be a value or a list of values");

@@ -8,8 +8,8 @@
 namespace bs::search {
 
 struct TrialEvent {
-  std::string kind;                            // the "event" field: start, eval, throughput, done (and
-                                               // rank_load, which the controller stores but no trainer emits yet)
+  std::string kind;                            // the "event" field: start, eval, throughput, rank_load
+                                               // (trainers of more than one rank), done
   std::map<std::string, double> numbers;       // numbers and booleans (true = 1); JSON null is left out
   std::map<std::string, std::string> strings;  // strings, and nested arrays/objects as their raw JSON text
   std::string line;                            // the line as received

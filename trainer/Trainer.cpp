@@ -233,6 +233,7 @@ struct StepTotals {
   double loss = 0;  // mean over ranks
   double nonfinite = 0, stop = 0, real_tokens = 0, computed_tokens = 0;
   double max_compute = 0, sum_compute = 0;
+  std::vector<StepExchange> ranks;  // each rank's own numbers, for the rank_load event
 
   // The slowest rank's compute time over the mean: 1 when the load is balanced.
   double imbalance(int64_t world) const { return sum_compute > 0 ? max_compute / (sum_compute / world) : 1.0; }
@@ -243,6 +244,7 @@ StepTotals exchange(Communicator& comm, int64_t world, const StepExchange& mine)
   StepTotals t;
   for (int64_t r = 0; r < world; ++r) {
     const StepExchange x = StepExchange::of_rank(all, r);
+    t.ranks.push_back(x);
     t.loss += x.loss / world;
     t.nonfinite += x.nonfinite;
     t.stop += x.stop;
@@ -266,8 +268,18 @@ struct ThroughputWindow {
   double start = 0;  // run seconds when the window opened
   int64_t samples = 0, real_tokens = 0, computed_tokens = 0, steps = 0;
   double compute_seconds = 0, step_seconds = 0, imbalance_sum = 0, overlap_sum = 0;
+  // Per rank: real and computed (padded) tokens and compute seconds, so a rank_load event shows which rank
+  // the presorted batches left with more work.
+  std::vector<double> rank_real, rank_computed, rank_compute;
 
   void add(int64_t global_batch, int64_t world, const StepOutcome& s) {
+    const std::size_t n = s.totals.ranks.size();
+    if (rank_real.size() != n) rank_real.assign(n, 0), rank_computed.assign(n, 0), rank_compute.assign(n, 0);
+    for (std::size_t r = 0; r < n; ++r) {
+      rank_real[r] += s.totals.ranks[r].real_tokens;
+      rank_computed[r] += s.totals.ranks[r].computed_tokens;
+      rank_compute[r] += s.totals.ranks[r].compute_seconds;
+    }
     samples += global_batch;
     real_tokens += static_cast<int64_t>(s.totals.real_tokens);
     computed_tokens += static_cast<int64_t>(s.totals.computed_tokens);
@@ -314,6 +326,7 @@ class TrainingLoop {
   torch::Tensor forward_backward(const std::vector<MicroBatch>& micro, int64_t local_samples, StepExchange& mine);
   void abort_nonfinite(double lr);
   void emit_throughput(const StepOutcome& s);
+  void emit_rank_load();
   bool measure_accuracy();
   void start_block();
   void save();
@@ -658,6 +671,7 @@ void TrainingLoop::emit_throughput(const StepOutcome& s) {
                                  .add("grad_norm", s.bucket.grad_norm)
                                  .add("lr", s.lr)
                                  .add("loss", s.totals.loss));
+  if (world_ > 1) emit_rank_load();
   if (!lead_ || opt_.quiet) return;
   const double eta = sps > 0 ? (cfg_.target.max_samples - st_.samples) / sps : NAN;
   char buf[320];
@@ -668,6 +682,23 @@ void TrainingLoop::emit_throughput(const StepOutcome& s) {
                 static_cast<long long>(st_.samples), sps, tps, s.totals.loss, s.lr, st_.last_accuracy, 100 * waste,
                 fmt_duration(eta).c_str());
   std::cerr << buf << std::endl;
+}
+
+// The window's work per rank (arrays indexed by rank): what imbalance summarises as one number.
+void TrainingLoop::emit_rank_load() {
+  const ThroughputWindow& w = window_;
+  auto array = [](const std::vector<double>& v) {
+    std::string out = "[";
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + MlLog::number(v[i]);
+    return out + "]";
+  };
+  events_.emit("rank_load", JsonWriter()
+                                .add("step", st_.step)
+                                .add("samples", st_.samples)
+                                .add("steps", w.steps)
+                                .add_raw("real_tokens", array(w.rank_real))
+                                .add_raw("computed_tokens", array(w.rank_computed))
+                                .add_raw("compute_seconds", array(w.rank_compute)));
 }
 
 // Closes the MLLOG block, evaluates, and opens the next block; true when the target accuracy is reached.

@@ -47,9 +47,10 @@ std::string shared_study_dir() {
     const int parallel = 2;
     const int threads = std::max(1, static_cast<int>(std::thread::hardware_concurrency()) / parallel);
     // threads in the base = what the controller passes (cores/parallel), so the stored config is what ran.
+    // Stratified: one trial in each (optimizer, batch) cell, so the per-cell report sections always have rows.
     const std::string cfg = (root / "exp.yaml").string();
     std::ofstream(cfg) << "name: exp\nobjective: samples_to_target\nsampler: random\npruner: none\n"
-                          "n_trials: 4\nparallel: "
+                          "n_trials: 4\nstratify: [optimizer.name, batch.global]\nparallel: "
                        << parallel
                        << "\nseed: 11\ntrial_timeout: 300\n"
                           "base:\n  extends: "
@@ -359,13 +360,24 @@ TEST(ConfirmE2E, PerBatchConfirmsTheBestTrialOfEveryOptimizerAndBatch) {
   EXPECT_NE(md.find("| optimizer | batch | source trial |"), std::string::npos) << md;
   std::set<std::string> optimizers;
   for (const auto& kv : best) optimizers.insert(kv.first.first);
-  if (best.size() > optimizers.size()) {  // some optimizer ran at several batch sizes
+  ASSERT_GT(best.size(), optimizers.size()) << "the stratified study has two batch sizes per optimizer";
+  {
+    // The same "| opt | batch | trial |" opening appears in the confirmation table: look in the section.
+    const auto section = md.find("### Best trial per optimizer and batch size");
+    ASSERT_NE(section, std::string::npos) << md;
     for (const auto& [key, row] : best) {
       const std::string line =
           "| " + key.first + " | " + std::to_string(key.second) + " | " + std::to_string(row.number) + " | ";
-      EXPECT_NE(md.find(line), std::string::npos) << line << "\n" << md;
+      const auto at = md.find(line, section);
+      ASSERT_NE(at, std::string::npos) << line << "\n" << md;
+      // The warmup as the trial configured it (a fraction of the schedule when its steps are -1).
+      const YAML::Node schedule = YAML::Load(row.config)["schedule"];
+      bs::ScheduleConfig sc;
+      sc.warmup_steps = schedule["warmup_steps"].as<int64_t>(-1);
+      sc.warmup_fraction = schedule["warmup_fraction"].as<double>(0.0);
+      const std::string table_row = md.substr(at, md.find('\n', at) - at);
+      EXPECT_NE(table_row.find("| " + bs::analysis::warmup_text(sc) + " |"), std::string::npos) << table_row;
     }
-    EXPECT_NE(md.find("### Best trial per optimizer and batch size"), std::string::npos) << md;
   }
   EXPECT_TRUE(fs::exists(out + "/" + std::string(kStudyName) + "-confirm.png"));
   // An optimizer whose runs reached at two batch sizes or more: the batch-scaling sections and their plots.

@@ -90,6 +90,12 @@ TEST(SearchSpace, RefusesEmptyChoiceAndInvertedRange) {
   EXPECT_NE(e.find("stride"), std::string::npos) << e;
   e = error_of(std::string(kHead) + "  optimizer.lr: {uniform: [0.1, 0.2], when: {optimizer.nam: lamb}}\n");
   EXPECT_NE(e.find("optimizer.nam"), std::string::npos) << e;
+  // A nested list inside the condition's values is refused, not matched as an empty value.
+  e = error_of(std::string(kHead) +
+               "  optimizer.name: {choice: [adam, lamb]}\n"
+               "  optimizer.beta2: {uniform: [0.9, 0.99], when: {optimizer.name: [lamb, [adam]]}}\n");
+  EXPECT_NE(e.find("each listed value must be a plain value"), std::string::npos) << e;
+  EXPECT_NE(e.find("optimizer.beta2"), std::string::npos) << e;
 }
 
 TEST(SearchSpace, RefusesUnknownStudyKeysAndBadValues) {

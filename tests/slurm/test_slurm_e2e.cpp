@@ -158,6 +158,12 @@ TEST(SlurmE2E, TwoRankTrialFindsItsPeerThroughPmix) {
   EXPECT_EQ(t->state, trial_state::kComplete) << t->reason;
   const std::string out = test::read_file(t->trial_dir + "/stdout.log");
   EXPECT_NE(out.find("\"world\": 2"), std::string::npos) << out.substr(0, 2000);
+  // The trainer's per-rank load events reach the study file.
+  const auto loads = store.rank_load(0);
+  ASSERT_FALSE(loads.empty()) << out.substr(0, 2000);
+  // One entry per rank: "computed_tokens": [a, b].
+  EXPECT_TRUE(std::regex_search(loads.front().json, std::regex("\"computed_tokens\": \\[[0-9.]+, [0-9.]+\\]")))
+      << loads.front().json;
   auto job = search::run_command({"scontrol", "--oneliner", "show", "job", slurm_job_attr(store.path(), 0)});
   EXPECT_NE(job.out.find("NumTasks=2"), std::string::npos) << job.out;
   fs::remove_all(dir);

@@ -4,6 +4,10 @@
 #include <cmath>
 #include <cstring>
 #include <fstream>
+#include <regex>
+#include <sstream>
+#include <string>
+#include <vector>
 
 #include "TestUtil.h"
 
@@ -32,6 +36,31 @@ std::string config(const std::string& dir, const std::string& sampler, const std
   return path;
 }
 
+// The numbers of `"key": [a, b, ...]` in a JSON line; empty when absent.
+std::vector<double> array_field(const std::string& line, const std::string& key) {
+  std::smatch m;
+  std::vector<double> out;
+  if (!std::regex_search(line, m, std::regex("\"" + key + "\"\\s*:\\s*\\[([^\\]]*)\\]"))) return out;
+  std::istringstream in(m[1].str());
+  for (std::string x; std::getline(in, x, ',');) out.push_back(std::stod(x));
+  return out;
+}
+
+double number_field(const std::string& line, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(line, m, std::regex("\"" + key + "\"\\s*:\\s*([-+0-9.eE]+)"))) return NAN;
+  return std::stod(m[1].str());
+}
+
+std::vector<std::string> event_lines(const std::string& path, const std::string& kind) {
+  std::vector<std::string> out;
+  std::ifstream in(path);
+  const std::regex is_kind("\"event\"\\s*:\\s*\"" + kind + "\"");
+  for (std::string line; std::getline(in, line);)
+    if (std::regex_search(line, is_kind)) out.push_back(line);
+  return out;
+}
+
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double worst = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -46,14 +75,39 @@ TEST(DataParallel, TwoRanksEqualOneRankWithTwiceTheBatch) {
   auto cfg = config(dir, "random", "none");
   // One rank: global 32 as two accumulated micro-batches of 16.
   auto one = bs::test::run({bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=none",
-                            "--quiet", "--dump-params", dir + "/one.bin"});
+                            "--quiet", "--dump-params", dir + "/one.bin", "--events", dir + "/one.jsonl"});
   ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_FALSE(event_lines(dir + "/one.jsonl", "throughput").empty());
+  EXPECT_TRUE(event_lines(dir + "/one.jsonl", "rank_load").empty()) << "one rank has no load to compare";
   // Two ranks: global 32 = 16 per rank, averaged by the overlapped bucket allreduce.
   auto two = bs::test::run({"mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2", "-x", "OMP_NUM_THREADS=1",
                             bs::test::bertsweep_bin(), "train", "--config", cfg, "--set", "distributed.backend=mpi",
-                            "--quiet", "--dump-params", dir + "/two.bin"},
+                            "--quiet", "--dump-params", dir + "/two.bin", "--events", dir + "/two.jsonl"},
                            300);
   ASSERT_EQ(two.exit_code, 0) << two.err;
+  // Each throughput window has a rank_load event with one entry per rank; its per-rank tokens add up to the
+  // window's padding waste, which the throughput event computes from the all-rank totals.
+  const auto loads = event_lines(dir + "/two.jsonl", "rank_load");
+  const auto windows = event_lines(dir + "/two.jsonl", "throughput");
+  ASSERT_FALSE(loads.empty());
+  ASSERT_EQ(loads.size(), windows.size());
+  for (std::size_t i = 0; i < loads.size(); ++i) {
+    const auto real = array_field(loads[i], "real_tokens"), computed = array_field(loads[i], "computed_tokens");
+    const auto seconds = array_field(loads[i], "compute_seconds");
+    ASSERT_EQ(real.size(), 2u) << loads[i];
+    ASSERT_EQ(computed.size(), 2u) << loads[i];
+    ASSERT_EQ(seconds.size(), 2u) << loads[i];
+    for (int r = 0; r < 2; ++r) {
+      EXPECT_GT(real[r], 0) << loads[i];
+      EXPECT_LE(real[r], computed[r]) << loads[i];
+      EXPECT_GT(seconds[r], 0) << loads[i];
+    }
+    EXPECT_EQ(number_field(loads[i], "step"), number_field(windows[i], "step"));
+    EXPECT_NEAR(1.0 - (real[0] + real[1]) / (computed[0] + computed[1]), number_field(windows[i], "padding_waste"),
+                1e-9)
+        << loads[i] << "\n"
+        << windows[i];
+  }
   auto a = read_floats(dir + "/one.bin"), b = read_floats(dir + "/two.bin");
   ASSERT_EQ(a.size(), b.size());
   ASSERT_GT(a.size(), 100000u);
