@@ -344,7 +344,8 @@ std::vector<SynCell> syn_cells() {
           {"lamb", 32, {20480, 20480, 24576}, {}},
           {"lamb", 64, {10240, 10240, 22528}, {}},
           {"lamb", 128, {16384, 16384, 16384}, {}},
-          {"lamb", 256, {28672, 28672, 28672}, {}}};
+          {"lamb", 256, {28672, 28672, 28672}, {}},
+          {"nvlamb", 64, {16384, 16384, 18432}, {}}};  // one batch size: nothing to fit
 }
 
 double seconds_of(const SynCell& c, double samples, int seed) { return samples / (300.0 + c.batch) + seed; }
@@ -505,6 +506,8 @@ TEST(BatchScalingReport, PerBatchConfirmedStudyGetsTheSectionsWithTheRightNumber
                       std::to_string(ref.unbounded) + " of 2000 |"),
             std::string::npos)
       << line;
+  // One batch size: no line, so no E_min, S_min or B_crit (not a fit of 0).
+  EXPECT_NE(md.find("| nvlamb | 3 | - | - | - | - | - (one batch size) | - | - |"), std::string::npos) << md;
   // The statement: adam vs lamb at 256 and at their best batches.
   EXPECT_NE(md.find("(256): adam 21845.3 +- 1182.41 (3 of 3 reached) vs lamb 28672 +- 0 (3 of 3 reached): holds on "
                     "this proxy."),
