@@ -369,12 +369,9 @@ std::map<std::string, CriticalBatchInterval> critical_batch_part(const StudyCont
     const CriticalBatchInterval c = critical_batch_of(cells, opt, boot);
     out[opt] = c;
     const bool boot_ok = c.replicates > 0;
-    // With one batch size there is no line to fit: E_min and S_min are undefined, not 0.
-    const bool fitted = c.point.kind != CriticalBatchFit::Kind::kNone;
-    rows.push_back({opt, std::to_string(c.point.points), fitted ? format_number(c.point.e_min) : "-",
-                    boot_ok ? interval(c.e_min) : "-", fitted ? format_number(c.point.s_min) : "-",
-                    boot_ok ? interval(c.s_min) : "-", point_b_crit(c), format_b_crit_interval(c),
-                    boot_ok ? k_of_n(c.unbounded, c.replicates) : "-"});
+    rows.push_back({opt, std::to_string(c.point.points), format_number(c.point.e_min),
+                    boot_ok ? interval(c.e_min) : "-", format_number(c.point.s_min), boot_ok ? interval(c.s_min) : "-",
+                    point_b_crit(c), format_b_crit_interval(c), boot_ok ? k_of_n(c.unbounded, c.replicates) : "-"});
   }
   s.doc.table({"optimizer", "runs fitted", "E_min (samples)", "E_min interval", "S_min (steps)", "S_min interval",
                "B_crit", "B_crit interval", "unbounded replicates"},

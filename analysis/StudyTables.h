@@ -1,6 +1,7 @@
 // The numbers of a study report, computed in C++ from the study store (so tests can check them against
 // their own SQL): per optimizer x batch statistics, the Pareto front, best trials, optimisation history.
 #pragma once
+#include <cmath>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -71,7 +72,8 @@ struct CriticalBatchFit {
   Kind kind = Kind::kNone;  // kNone: fewer than 2 distinct batch sizes
   // kBelowRange: a <= 0 (samples grow in proportion to the batch: step-limited at every batch tried);
   // kAboveRange: b <= 0 (samples do not grow with the batch: no sign of a limit in the range tried).
-  double e_min = 0, s_min = 0, b_crit = 0;
+  // NaN where undefined: all three for kNone, b_crit for the out-of-range kinds (tables then write "-").
+  double e_min = std::nan(""), s_min = std::nan(""), b_crit = std::nan("");
   int points = 0;
 };
 CriticalBatchFit fit_critical_batch(const std::vector<double>& batch, const std::vector<double>& samples);

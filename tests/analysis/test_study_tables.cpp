@@ -338,7 +338,9 @@ TEST(CriticalBatch, LeastSquaresOnNoisyPointsMatchesTheHandSolution) {
 }
 
 TEST(CriticalBatch, DegenerateCasesSayWhichSideOfTheRange) {
-  EXPECT_EQ(fit_critical_batch({64, 64}, {100, 200}).kind, CriticalBatchFit::Kind::kNone);  // one batch size
+  const auto one = fit_critical_batch({64, 64}, {100, 200});  // one batch size: no line, nothing defined
+  EXPECT_EQ(one.kind, CriticalBatchFit::Kind::kNone);
+  EXPECT_TRUE(std::isnan(one.e_min) && std::isnan(one.s_min) && std::isnan(one.b_crit));
   EXPECT_EQ(fit_critical_batch({64}, {100}).kind, CriticalBatchFit::Kind::kNone);
   // Samples proportional to batch (a fixed number of steps): step-limited everywhere.
   EXPECT_EQ(fit_critical_batch({32, 64, 128}, {3200, 6400, 12800}).kind, CriticalBatchFit::Kind::kBelowRange);
