@@ -32,8 +32,7 @@ void JsonWriter::key(const std::string& k) {
   body_ += quote(k) + ": ";
 }
 
-JsonWriter& JsonWriter::add(const std::string& k, double v) {
-  key(k);
+void JsonWriter::number(double v) {
   if (!std::isfinite(v)) {
     body_ += "null";
   } else {
@@ -41,6 +40,21 @@ JsonWriter& JsonWriter::add(const std::string& k, double v) {
     std::snprintf(buf, sizeof buf, "%.17g", v);
     body_ += buf;
   }
+}
+
+JsonWriter& JsonWriter::add(const std::string& k, double v) {
+  key(k);
+  number(v);
+  return *this;
+}
+JsonWriter& JsonWriter::add(const std::string& k, const std::vector<double>& values) {
+  key(k);
+  body_ += "[";
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (i) body_ += ", ";
+    number(values[i]);
+  }
+  body_ += "]";
   return *this;
 }
 JsonWriter& JsonWriter::add(const std::string& k, int64_t v) {

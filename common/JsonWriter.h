@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace bs {
 
@@ -14,6 +15,7 @@ class JsonWriter {
   JsonWriter& add(const std::string& key, bool v);
   JsonWriter& add(const std::string& key, const std::string& v);
   JsonWriter& add(const std::string& key, const char* v) { return add(key, std::string(v)); }
+  JsonWriter& add(const std::string& key, const std::vector<double>& values);  // a JSON array
   JsonWriter& add_null(const std::string& key);
   // `json` is already valid JSON (a nested object or array).
   JsonWriter& add_raw(const std::string& key, const std::string& json);
@@ -23,6 +25,7 @@ class JsonWriter {
 
  private:
   void key(const std::string& k);
+  void number(double v);
   std::string body_;
 };
 

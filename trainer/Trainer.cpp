@@ -242,6 +242,7 @@ struct StepTotals {
 StepTotals exchange(Communicator& comm, int64_t world, const StepExchange& mine) {
   const auto all = comm.allgather(mine.values());
   StepTotals t;
+  t.ranks.reserve(world);
   for (int64_t r = 0; r < world; ++r) {
     const StepExchange x = StepExchange::of_rank(all, r);
     t.ranks.push_back(x);
@@ -687,18 +688,13 @@ void TrainingLoop::emit_throughput(const StepOutcome& s) {
 // The window's work per rank (arrays indexed by rank): what imbalance summarises as one number.
 void TrainingLoop::emit_rank_load() {
   const ThroughputWindow& w = window_;
-  auto array = [](const std::vector<double>& v) {
-    std::string out = "[";
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? ", " : "") + MlLog::number(v[i]);
-    return out + "]";
-  };
   events_.emit("rank_load", JsonWriter()
                                 .add("step", st_.step)
                                 .add("samples", st_.samples)
                                 .add("steps", w.steps)
-                                .add_raw("real_tokens", array(w.rank_real))
-                                .add_raw("computed_tokens", array(w.rank_computed))
-                                .add_raw("compute_seconds", array(w.rank_compute)));
+                                .add("real_tokens", w.rank_real)
+                                .add("computed_tokens", w.rank_computed)
+                                .add("compute_seconds", w.rank_compute));
 }
 
 // Closes the MLLOG block, evaluates, and opens the next block; true when the target accuracy is reached.
