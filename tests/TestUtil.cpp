@@ -10,10 +10,29 @@
 #include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <regex>
+#include <sstream>
 #include <stdexcept>
 
 namespace bs::test {
 namespace fs = std::filesystem;
+
+double json_number(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\": ([-+0-9.eE]+)")))
+    throw std::runtime_error("no number '" + key + "' in\n" + json);
+  return std::strtod(m[1].str().c_str(), nullptr);
+}
+
+std::vector<double> json_numbers(const std::string& json, const std::string& key) {
+  std::smatch m;
+  if (!std::regex_search(json, m, std::regex("\"" + key + "\": \\[([^\\]]*)\\]")))
+    throw std::runtime_error("no array '" + key + "' in\n" + json);
+  std::vector<double> out;
+  std::istringstream in(m[1].str());
+  for (std::string x; std::getline(in, x, ',');) out.push_back(std::strtod(x.c_str(), nullptr));
+  return out;
+}
 
 std::string bertsweep_bin() {
   const char* b = std::getenv("BERTSWEEP_BIN");

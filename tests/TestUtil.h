@@ -18,6 +18,10 @@ RunResult run(const std::vector<std::string>& argv, double timeout_s = 600);
 std::vector<std::string> tiny_prepare_args(const std::string& out, const std::string& seed);
 // A small prepared Brown dataset shared by tests (prepared once per build dir, reused): returns its dir.
 std::string small_brown_dataset();
+// The number after "key": in a flat JSON text (strtod of the exact digits written); throws when absent.
+double json_number(const std::string& json, const std::string& key);
+// The numbers of "key": [a, b, ...] in a JSON text; throws when absent.
+std::vector<double> json_numbers(const std::string& json, const std::string& key);
 // The whole Brown corpus as data/brown (8192-token vocab, seq 128): minutes to prepare, for long tests.
 std::string brown_dataset();
 }  // namespace bs::test

@@ -31,13 +31,6 @@ TrialRecord trial_with(const TrainConfig& c) {
   return t;
 }
 
-// The number after "key": in the JSON text (strtod of the exact digits written).
-double json_number(const std::string& json, const std::string& key) {
-  std::smatch m;
-  std::regex re("\"" + key + "\": ([-+0-9.eE]+)");
-  if (!std::regex_search(json, m, re)) throw std::runtime_error("no key " + key + " in\n" + json);
-  return std::strtod(m[1].str().c_str(), nullptr);
-}
 bool has_key(const std::string& json, const std::string& key) {
   return json.find("\"" + key + "\":") != std::string::npos;
 }
@@ -168,42 +161,42 @@ TEST(ConfigExport, MlperfJsonCarriesTheHyperparameters) {
   c.schedule.start_warmup_step = -25;
   c.seed = 9;
   const std::string j = export_mlperf_json(c, trial_with(c), "s1");
-  EXPECT_EQ(json_number(j, "global_batch_size"), 4096);
-  EXPECT_EQ(json_number(j, "opt_base_learning_rate"), 0.0017);
-  EXPECT_EQ(json_number(j, "opt_lamb_beta_1"), 0.83);
-  EXPECT_EQ(json_number(j, "opt_lamb_beta_2"), 0.9975);
-  EXPECT_EQ(json_number(j, "opt_epsilon"), 1e-7);
-  EXPECT_EQ(json_number(j, "opt_lamb_weight_decay_rate"), 0.0123);
-  EXPECT_EQ(json_number(j, "opt_lamb_learning_rate_decay_poly_power"), 0.5);
-  EXPECT_EQ(json_number(j, "start_warmup_step"), -25);
+  EXPECT_EQ(bs::test::json_number(j, "global_batch_size"), 4096);
+  EXPECT_EQ(bs::test::json_number(j, "opt_base_learning_rate"), 0.0017);
+  EXPECT_EQ(bs::test::json_number(j, "opt_lamb_beta_1"), 0.83);
+  EXPECT_EQ(bs::test::json_number(j, "opt_lamb_beta_2"), 0.9975);
+  EXPECT_EQ(bs::test::json_number(j, "opt_epsilon"), 1e-7);
+  EXPECT_EQ(bs::test::json_number(j, "opt_lamb_weight_decay_rate"), 0.0123);
+  EXPECT_EQ(bs::test::json_number(j, "opt_lamb_learning_rate_decay_poly_power"), 0.5);
+  EXPECT_EQ(bs::test::json_number(j, "start_warmup_step"), -25);
   const int64_t total = (1000000 + 4095) / 4096;  // the trainer runs ceil(max_samples / batch) steps
-  EXPECT_EQ(json_number(j, "opt_learning_rate_training_steps"), total);
-  EXPECT_EQ(json_number(j, "opt_learning_rate_warmup_steps"), std::llround(0.07 * total));
-  EXPECT_EQ(json_number(j, "num_warmup_steps"), std::llround(0.07 * total));
-  EXPECT_EQ(json_number(j, "max_samples"), 1000000);
-  EXPECT_EQ(json_number(j, "seed"), 9);
-  EXPECT_EQ(json_number(j, "trial"), 12);
-  EXPECT_EQ(json_number(j, "gradient_accumulation_steps"), 128);  // 4096 / micro 32, one device
-  EXPECT_EQ(json_number(j, "per_device_batch_size"), 4096);
-  EXPECT_EQ(json_number(j, "target_mlm_accuracy"), 0.72);
-  EXPECT_EQ(json_number(j, "eval_samples"), 10000);
-  EXPECT_EQ(json_number(j, "eval_interval_samples"), 175000);
-  EXPECT_EQ(json_number(j, "num_hidden_layers"), c.model.layers);
-  EXPECT_EQ(json_number(j, "hidden_size"), c.model.hidden);
+  EXPECT_EQ(bs::test::json_number(j, "opt_learning_rate_training_steps"), total);
+  EXPECT_EQ(bs::test::json_number(j, "opt_learning_rate_warmup_steps"), std::llround(0.07 * total));
+  EXPECT_EQ(bs::test::json_number(j, "num_warmup_steps"), std::llround(0.07 * total));
+  EXPECT_EQ(bs::test::json_number(j, "max_samples"), 1000000);
+  EXPECT_EQ(bs::test::json_number(j, "seed"), 9);
+  EXPECT_EQ(bs::test::json_number(j, "trial"), 12);
+  EXPECT_EQ(bs::test::json_number(j, "gradient_accumulation_steps"), 128);  // 4096 / micro 32, one device
+  EXPECT_EQ(bs::test::json_number(j, "per_device_batch_size"), 4096);
+  EXPECT_EQ(bs::test::json_number(j, "target_mlm_accuracy"), 0.72);
+  EXPECT_EQ(bs::test::json_number(j, "eval_samples"), 10000);
+  EXPECT_EQ(bs::test::json_number(j, "eval_interval_samples"), 175000);
+  EXPECT_EQ(bs::test::json_number(j, "num_hidden_layers"), c.model.layers);
+  EXPECT_EQ(bs::test::json_number(j, "hidden_size"), c.model.hidden);
   EXPECT_NE(j.find("\"precision\": \"auto\""), std::string::npos) << j;
   const std::string laid = export_mlperf_json(c, trial_with(c), "s1", {2, 4});
-  EXPECT_EQ(json_number(laid, "per_device_batch_size"), 512);
-  EXPECT_EQ(json_number(laid, "gradient_accumulation_steps"), 16);
+  EXPECT_EQ(bs::test::json_number(laid, "per_device_batch_size"), 512);
+  EXPECT_EQ(bs::test::json_number(laid, "gradient_accumulation_steps"), 16);
   EXPECT_THROW(export_mlperf_json(c, trial_with(c), "s1", {3, 1}), ConfigError);
   EXPECT_FALSE(has_key(j, "opt_adam_beta_1"));
 
   c.optimizer.name = "adamw";
   c.schedule.warmup_steps = 33;
   const std::string a = export_mlperf_json(c, trial_with(c), "s1");
-  EXPECT_EQ(json_number(a, "opt_adam_beta_1"), 0.83);
-  EXPECT_EQ(json_number(a, "opt_adam_beta_2"), 0.9975);
-  EXPECT_EQ(json_number(a, "opt_weight_decay"), 0.0123);
-  EXPECT_EQ(json_number(a, "opt_learning_rate_warmup_steps"), 33);
+  EXPECT_EQ(bs::test::json_number(a, "opt_adam_beta_1"), 0.83);
+  EXPECT_EQ(bs::test::json_number(a, "opt_adam_beta_2"), 0.9975);
+  EXPECT_EQ(bs::test::json_number(a, "opt_weight_decay"), 0.0123);
+  EXPECT_EQ(bs::test::json_number(a, "opt_learning_rate_warmup_steps"), 33);
   EXPECT_FALSE(has_key(a, "opt_lamb_beta_1"));
 
   // Valid JSON: Python's json module reads it (the one-key-per-line layout is ours).

@@ -5,7 +5,6 @@
 #include <cstring>
 #include <fstream>
 #include <regex>
-#include <sstream>
 #include <string>
 #include <vector>
 
@@ -34,22 +33,6 @@ std::string config(const std::string& dir, const std::string& sampler, const std
                       << "target: {mlm_accuracy: 0.99, max_samples: 128, eval_every_samples: 100000}\n"
                       << "threads: 1\nseed: 5\n";
   return path;
-}
-
-// The numbers of `"key": [a, b, ...]` in a JSON line; empty when absent.
-std::vector<double> array_field(const std::string& line, const std::string& key) {
-  std::smatch m;
-  std::vector<double> out;
-  if (!std::regex_search(line, m, std::regex("\"" + key + "\"\\s*:\\s*\\[([^\\]]*)\\]"))) return out;
-  std::istringstream in(m[1].str());
-  for (std::string x; std::getline(in, x, ',');) out.push_back(std::stod(x));
-  return out;
-}
-
-double number_field(const std::string& line, const std::string& key) {
-  std::smatch m;
-  if (!std::regex_search(line, m, std::regex("\"" + key + "\"\\s*:\\s*([-+0-9.eE]+)"))) return NAN;
-  return std::stod(m[1].str());
 }
 
 std::vector<std::string> event_lines(const std::string& path, const std::string& kind) {
@@ -92,8 +75,9 @@ TEST(DataParallel, TwoRanksEqualOneRankWithTwiceTheBatch) {
   ASSERT_FALSE(loads.empty());
   ASSERT_EQ(loads.size(), windows.size());
   for (std::size_t i = 0; i < loads.size(); ++i) {
-    const auto real = array_field(loads[i], "real_tokens"), computed = array_field(loads[i], "computed_tokens");
-    const auto seconds = array_field(loads[i], "compute_seconds");
+    const auto real = bs::test::json_numbers(loads[i], "real_tokens"),
+               computed = bs::test::json_numbers(loads[i], "computed_tokens");
+    const auto seconds = bs::test::json_numbers(loads[i], "compute_seconds");
     ASSERT_EQ(real.size(), 2u) << loads[i];
     ASSERT_EQ(computed.size(), 2u) << loads[i];
     ASSERT_EQ(seconds.size(), 2u) << loads[i];
@@ -102,9 +86,9 @@ TEST(DataParallel, TwoRanksEqualOneRankWithTwiceTheBatch) {
       EXPECT_LE(real[r], computed[r]) << loads[i];
       EXPECT_GT(seconds[r], 0) << loads[i];
     }
-    EXPECT_EQ(number_field(loads[i], "step"), number_field(windows[i], "step"));
-    EXPECT_NEAR(1.0 - (real[0] + real[1]) / (computed[0] + computed[1]), number_field(windows[i], "padding_waste"),
-                1e-9)
+    EXPECT_EQ(bs::test::json_number(loads[i], "step"), bs::test::json_number(windows[i], "step"));
+    EXPECT_NEAR(1.0 - (real[0] + real[1]) / (computed[0] + computed[1]),
+                bs::test::json_number(windows[i], "padding_waste"), 1e-9)
         << loads[i] << "\n"
         << windows[i];
   }
