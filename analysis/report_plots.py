@@ -172,6 +172,18 @@ def time_to_train(path, series, title):
     _save(fig, path)
 
 
+def _read_only_url(db_path):
+    """An SQLAlchemy URL that opens db_path so that nothing can be written: Optuna's storage would otherwise
+    stamp or create its version tables in a file that lacks them. Immutable while no WAL exists (no -shm is
+    made either), else plain read-only so that a running controller's WAL is read."""
+    import os
+    import urllib.parse
+
+    path = urllib.parse.quote(os.path.abspath(db_path))
+    mode = "mode=ro" if os.path.exists(db_path + "-wal") else "immutable=1"
+    return "sqlite:///file:%s?%s&uri=true" % (path, mode)
+
+
 def importance(db_path, study_name, path, title):
     """Optuna's parameter importances of the study in db_path (read-only).
 
@@ -182,14 +194,15 @@ def importance(db_path, study_name, path, title):
 
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     try:
-        storage = optuna.storages.RDBStorage("sqlite:///" + db_path, skip_table_creation=True)
+        storage = optuna.storages.RDBStorage(_read_only_url(db_path), skip_table_creation=True)
         names = [s.study_name for s in optuna.study.get_all_study_summaries(storage, include_best_trial=False)]
-    except Exception as e:  # a file without Optuna's tables (never created here: the file is read-only to us)
-        return {"message": "no Optuna study in the file (%s)" % type(e).__name__}
-    if not names:
-        return {"message": "no Optuna study in the file"}
-    study = optuna.load_study(study_name=study_name if study_name in names else names[0], storage=storage)
-    done = [t for t in study.get_trials(deepcopy=False) if t.state == optuna.trial.TrialState.COMPLETE]
+        if not names:
+            return {"message": "no Optuna study in the file"}
+        study = optuna.load_study(study_name=study_name if study_name in names else names[0], storage=storage)
+        trials = study.get_trials(deepcopy=False)
+    except Exception as e:  # no or damaged Optuna tables: the report goes on without this figure
+        return {"message": "Optuna's tables in the file cannot be read (%s)" % type(e).__name__}
+    done = [t for t in trials if t.state == optuna.trial.TrialState.COMPLETE]
     if len(done) < 2:
         return {"message": "not enough trials (%d complete; importance needs at least 2)" % len(done)}
     target = (lambda t: t.values[0]) if len(study.directions) > 1 else None

@@ -4,6 +4,7 @@
 #include "cli/Args.h"
 #include "cli/Commands.h"
 #include "common/Errors.h"
+#include "common/OutputPath.h"
 #include "common/TrainConfig.h"
 #include "distributed/Communicator.h"
 #include "dataset/ShardIO.h"
@@ -57,12 +58,17 @@ int train_command(const Argv& argv) {
     std::cout << cfg.to_yaml_string();
     return exit_code::kOk;
   }
-  ensure_passive_openmp();  // from here on it computes; nothing is printed or written before this point
   TrainOptions opt;
   opt.events = args.get("events");
   opt.quiet = args.has("quiet");
   opt.resume = args.has("resume");
   opt.dump_params = args.get("dump-params");
+  // Every output path before any work: a typo is exit 2 now, not a filesystem error after training.
+  check_output_file("--dump-params", opt.dump_params);
+  if (opt.events != "stdout" && opt.events.rfind("fd:", 0) != 0) check_output_file("--events", opt.events);
+  check_output_file("log.mllog", cfg.log.mllog);
+  check_output_folder("checkpoint.dir", cfg.checkpoint.dir);
+  ensure_passive_openmp();  // from here on it computes; nothing is printed or written before this point
   install_stop_handlers();
   try {
     train(cfg, opt);

@@ -1,8 +1,11 @@
 #include "TrainConfig.h"
 
+#include <yaml-cpp/eventhandler.h>
 #include <yaml-cpp/yaml.h>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -10,6 +13,7 @@
 #include <set>
 #include <sstream>
 #include <variant>
+#include <vector>
 
 #include "common/Choices.h"
 
@@ -254,6 +258,77 @@ std::string where(const YAML::Node& node, const std::string& source) {
   return source;
 }
 
+namespace {
+
+// Expanded node counts from parser events: a frame per open collection, each anchor's expanded size kept so
+// that an alias adds it again.
+class ExpansionCounter : public YAML::EventHandler {
+ public:
+  explicit ExpansionCounter(std::string source) : source_(std::move(source)) {}
+  void OnDocumentStart(const YAML::Mark&) override {}
+  void OnDocumentEnd() override {}
+  void OnNull(const YAML::Mark& m, YAML::anchor_t a) override { leaf(m, a); }
+  void OnScalar(const YAML::Mark& m, const std::string&, YAML::anchor_t a, const std::string&) override { leaf(m, a); }
+  void OnAlias(const YAML::Mark& m, YAML::anchor_t a) override {
+    auto it = sizes_.find(a);
+    add(m, it == sizes_.end() ? 1 : it->second);
+  }
+  void OnSequenceStart(const YAML::Mark& m, const std::string&, YAML::anchor_t a, YAML::EmitterStyle::value) override {
+    open(m, a);
+  }
+  void OnSequenceEnd() override { close(); }
+  void OnMapStart(const YAML::Mark& m, const std::string&, YAML::anchor_t a, YAML::EmitterStyle::value) override {
+    open(m, a);
+  }
+  void OnMapEnd() override { close(); }
+
+ private:
+  struct Frame {
+    long long size;
+    YAML::anchor_t anchor;
+    YAML::Mark mark;
+  };
+  void leaf(const YAML::Mark& m, YAML::anchor_t a) {
+    if (a != YAML::NullAnchor) sizes_[a] = 1;
+    add(m, 1);
+  }
+  void open(const YAML::Mark& m, YAML::anchor_t a) { stack_.push_back({1, a, m}); }
+  void close() {
+    Frame f = stack_.back();
+    stack_.pop_back();
+    if (f.anchor != YAML::NullAnchor) sizes_[f.anchor] = f.size;
+    add(f.mark, f.size);
+  }
+  // Sizes saturate at the limit: the check stops at the first node past it, before any overflow.
+  void add(const YAML::Mark& m, long long n) {
+    long long& top = stack_.empty() ? total_ : stack_.back().size;
+    top = std::min(top + n, kMaxExpandedNodes + 1);
+    long long all = total_;
+    for (const auto& f : stack_) all = std::min(all + f.size, kMaxExpandedNodes + 1);
+    if (all > kMaxExpandedNodes)
+      throw ConfigError(source_ + ":" + std::to_string(m.line + 1) + ": its aliases (*name) expand to more than " +
+                        std::to_string(kMaxExpandedNodes) +
+                        " YAML nodes, far beyond any config (nested aliases, the 'billion laughs' shape); "
+                        "write the values out or use fewer nested aliases");
+  }
+
+  std::string source_;
+  std::vector<Frame> stack_;
+  std::map<YAML::anchor_t, long long> sizes_;
+  long long total_ = 0;
+};
+
+}  // namespace
+
+void check_alias_expansion(const std::string& text, const std::string& source) {
+  if (text.find('*') == std::string::npos) return;  // no alias: the tree is as large as the text
+  std::istringstream in(text);
+  YAML::Parser parser(in);
+  ExpansionCounter counter(source);
+  while (parser.HandleNextDocument(counter)) {
+  }
+}
+
 YAML::Node load_file(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw ConfigError(path + ": file not found (check the path given to --config)");
@@ -264,8 +339,10 @@ YAML::Node load_file(const std::string& path) {
     throw ConfigError(path + ": is larger than 16 MiB; a config is a small YAML file");
   std::ifstream in(path);
   if (!in) throw ConfigError(path + ": cannot be read (check its permissions)");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   try {
-    YAML::Node root = YAML::Load(in);
+    check_alias_expansion(text, path);
+    YAML::Node root = YAML::Load(text);
     // yaml-cpp keeps both entries of a repeated key and later merges silently keep one: refuse it here.
     std::function<void(const YAML::Node&, const std::string&)> walk = [&](const YAML::Node& n,
                                                                           const std::string& prefix) {

@@ -148,6 +148,13 @@ struct TrainConfig {
 namespace yaml {
 // Loads a file with a clear error for a missing/unreadable file or a YAML syntax error (with line).
 YAML::Node load_file(const std::string& path);
+// YAML text with every alias expanded holds at most this many nodes: a config has a few hundred, while a
+// few hundred bytes of nested aliases ("billion laughs") expand to billions, which every walk, merge and
+// dump of the tree would then visit.
+constexpr long long kMaxExpandedNodes = 100000;
+// Counts the nodes of `text` with aliases expanded, from yaml-cpp's parser events (the tree is never
+// built), and throws ConfigError naming `source` past kMaxExpandedNodes. Stops at the first node past it.
+void check_alias_expansion(const std::string& text, const std::string& source);
 // Sets `a.b.c` in a mapping to a YAML-parsed scalar (`--set a.b.c=value`).
 void set_path(YAML::Node& root, const std::string& assignment, const std::string& source);
 // "file:line" for a node, or just the file when the node has no mark.

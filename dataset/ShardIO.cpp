@@ -11,8 +11,11 @@
 #include <H5Cpp.h>
 
 #include <algorithm>
+#include <cctype>
 #include <filesystem>
 #include <fstream>
+#include <iostream>
+#include <map>
 #include <mutex>
 
 namespace bs {
@@ -173,6 +176,58 @@ void check_shard_values(const ShardData& d, const std::string& file, int64_t voc
     throw DataError(file + ": dataset input_mask is all zero at sample " +
                     std::to_string(empty.nonzero()[0][0].item<int64_t>()) +
                     " (a sample without a single real token); the shard is damaged: prepare it again");
+  check_shard_structure(d, file);
+}
+
+void check_shard_structure(const ShardData& d, const std::string& file) {
+  const int64_t n = d.size(), seq = d.seq_len(), pred = d.max_predictions();
+  if (n == 0) return;
+  // `bad_rows` [N] bool: the samples that break `rule`; the first one is named, with the count.
+  auto require = [&](const torch::Tensor& bad_rows, const char* dataset, const std::string& rule) {
+    const int64_t count = bad_rows.sum().item<int64_t>();
+    if (count == 0) return;
+    const int64_t row = bad_rows.nonzero()[0][0].item<int64_t>();
+    throw DataError(file + ": dataset " + dataset + " at sample " + std::to_string(row) + " (and " +
+                    std::to_string(count - 1) + " more of " + std::to_string(n) + " samples) breaks the rule: " + rule +
+                    "; the shard is damaged or is not BERT pretraining data: prepare it again");
+  };
+  const auto mask = d.input_mask.ne(0);
+  const auto length = mask.sum(1);
+  if (seq > 1)
+    require(mask.slice(1, 1).logical_and(mask.slice(1, 0, seq - 1).logical_not()).any(1), "input_mask",
+            "a prefix of ones (the real tokens), then zeros (padding), with no hole");
+  require(length.lt(kMinRealTokens), "input_mask",
+          "at least " + std::to_string(kMinRealTokens) + " real tokens ([CLS], a token, [SEP])");
+  require(d.input_ids.eq(0).logical_and(mask).any(1), "input_ids",
+          "a real token (input_mask 1) is never id 0, the [PAD] token");
+  require(d.segment_ids.select(1, 0).ne(0), "segment_ids", "the first token ([CLS]) is in sentence A (0)");
+  if (seq > 1) {
+    const auto both_real = mask.slice(1, 1);
+    require(d.segment_ids.slice(1, 1).lt(d.segment_ids.slice(1, 0, seq - 1)).logical_and(both_real).any(1),
+            "segment_ids", "0 for sentence A, then 1 for sentence B, within the real tokens");
+  }
+  if (pred == 0) return;
+  // The masked tokens come first (masked_lm_ids non-zero: a real token's id), then zeros; as many positions,
+  // strictly increasing, after [CLS] and inside the real tokens; the unused positions are 0.
+  const auto used = d.masked_lm_ids.ne(0);
+  if (pred > 1)
+    require(used.slice(1, 1).logical_and(used.slice(1, 0, pred - 1).logical_not()).any(1), "masked_lm_ids",
+            "the masked tokens' ids first, then 0 for the unused predictions");
+  const auto pos = d.masked_lm_positions;
+  require(pos.lt(1).logical_and(used).any(1), "masked_lm_positions",
+          "a masked position is after [CLS] (position 0 is never masked; as many positions as non-zero masked_lm_ids)");
+  require(pos.ge(length.unsqueeze(1)).logical_and(used).any(1), "masked_lm_positions",
+          "a masked position is inside the real tokens (input_mask 1)");
+  require(pos.ne(0).logical_and(used.logical_not()).any(1), "masked_lm_positions",
+          "0 for each unused prediction (their count equals the non-zero masked_lm_ids)");
+  if (pred > 1)
+    require(pos.slice(1, 1).le(pos.slice(1, 0, pred - 1)).logical_and(used.slice(1, 1)).any(1), "masked_lm_positions",
+            "strictly increasing over the masked tokens");
+  if (!used.any().item<bool>())
+    throw DataError(
+        file +
+        ": dataset masked_lm_ids is all 0: no sample has a masked token, nothing to train the masked LM on; "
+        "the shard is damaged or is not BERT pretraining data: prepare it again");
 }
 
 ShardData read_shard(const std::string& path) {
@@ -298,12 +353,33 @@ fs::path eval_file_of(const DataConfig& cfg) {
   return eval_path;
 }
 
+// "train_00003.hdf5" -> "train_#.hdf5": the name pattern of a shard set.
+std::string shard_pattern(const std::string& name) {
+  std::string out;
+  for (char c : name) {
+    if (std::isdigit(static_cast<unsigned char>(c))) {
+      if (out.empty() || out.back() != '#') out += '#';
+    } else {
+      out += c;
+    }
+  }
+  return out;
+}
+
 // The shards meta.yaml lists (a bertsweep dataset trains on exactly those: not, e.g., its eval.hdf5 when
-// data.eval_file names another eval set), else every *.hdf5 of the folder but the eval file.
+// data.eval_file names another eval set), else the *.hdf5 files of the folder (but the eval file) that
+// follow the most common name pattern (train_#.hdf5, part-#-of-#.hdf5). Any other *.hdf5 there is not
+// read, and named in a warning: a stray file (a copy, another dataset's eval set) never trains.
 std::vector<std::string> train_files_of(const DataConfig& cfg, const fs::path& eval_path,
                                         const std::optional<Meta>& meta) {
   std::error_code ec;
-  std::vector<std::string> files;
+  std::vector<std::string> files, others;
+  std::vector<fs::path> found;
+  for (const auto& e : fs::directory_iterator(cfg.dir, ec)) {
+    if (!e.is_regular_file(ec) || e.path().extension() != ".hdf5") continue;
+    if (!fs::equivalent(e.path(), eval_path, ec)) found.push_back(e.path());
+  }
+  std::sort(found.begin(), found.end());
   if (meta && !meta->shards.empty()) {
     for (const auto& name : meta->shards) {
       const fs::path shard = fs::path(cfg.dir) / name;
@@ -313,16 +389,27 @@ std::vector<std::string> train_files_of(const DataConfig& cfg, const fs::path& e
             "/meta.yaml but missing: the dataset is incomplete (restore the shard or prepare the data again)");
       if (!fs::equivalent(shard, eval_path, ec)) files.push_back(shard.string());
     }
+    for (const auto& f : found)
+      if (std::find(meta->shards.begin(), meta->shards.end(), f.filename().string()) == meta->shards.end())
+        others.push_back(f.string());
   } else {
-    for (const auto& e : fs::directory_iterator(cfg.dir)) {
-      if (!e.is_regular_file() || e.path().extension() != ".hdf5") continue;
-      if (fs::equivalent(e.path(), eval_path, ec)) continue;
-      files.push_back(e.path().string());
-    }
-    std::sort(files.begin(), files.end());
+    std::map<std::string, int> count;
+    for (const auto& f : found) ++count[shard_pattern(f.filename().string())];
+    std::string pattern;
+    for (const auto& [p, c] : count)
+      if (pattern.empty() || c > count[pattern]) pattern = p;
+    for (const auto& f : found)
+      (shard_pattern(f.filename().string()) == pattern ? files : others).push_back(f.string());
   }
   if (files.empty())
     throw DataError("data folder " + cfg.dir + " has no training shards (*.hdf5 besides the eval file)");
+  if (!others.empty()) {
+    std::string list;
+    for (const auto& o : others) list += (list.empty() ? "" : ", ") + o;
+    std::cerr << "warning: " << cfg.dir << ": not reading " << list << " ("
+              << (meta ? "not a shard listed in meta.yaml" : "not named like the training shards " + files.front())
+              << "; move it out of the data folder to silence this)\n";
+  }
   return files;
 }
 

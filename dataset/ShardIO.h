@@ -46,7 +46,18 @@ struct Dataset {
 // Every value of a shard in range: ids in [0, vocab_size) (vocab_size 0: only non-negative), segments,
 // next-sentence labels and mask in {0, 1}, masked positions inside the sequence, no sample without a real
 // token. DataError naming the file, the dataset, the sample and the value.
+// Then check_shard_structure.
 void check_shard_values(const ShardData& data, const std::string& file, int64_t vocab_size);
+
+// The structure of BERT pretraining data (what `data prepare` and MLPerf's create_pretraining_data write), so
+// that data a model cannot learn from is refused instead of training to accuracy 0: input_mask a prefix of
+// ones with at least kMinRealTokens; real tokens never [PAD] (id 0); segment_ids 0 then 1 within the real
+// tokens, [CLS] in segment 0; the masked tokens first in masked_lm_ids, their positions after [CLS], inside
+// the real tokens and strictly increasing, unused positions 0; at least one masked token in the shard.
+// Vectorised over every row (a small share of start-up: see BENCHMARKS.md). DataError naming the file,
+// the dataset, the first sample and the rule.
+constexpr int64_t kMinRealTokens = 3;
+void check_shard_structure(const ShardData& data, const std::string& file);
 
 // Loads data.dir / data.eval_file of a training config and validates it before training: seq_len against
 // data.seq_len, the shards listed in meta.yaml present and the counts equal, the vocab's special tokens,

@@ -26,6 +26,7 @@
 #include "common/TrainConfig.h"
 #include "search/OptunaBridge.h"
 #include "search/Slurm.h"
+#include "search/StoredStudyCheck.h"
 #include "search/TrialEvent.h"
 #include "search/TrialLauncher.h"
 #include "search/TrialPool.h"
@@ -108,9 +109,8 @@ class StudyRun {
   }
 
   int run() {
-    // Refusals come before anything is written: a continued study's row is only rewritten when its config
-    // changed (saving the same study writes nothing), and this session's environment row follows Optuna.
-    check_same_study();
+    // Refusals came before anything was written (Controller::run: check_stored_study_agrees, then the
+    // backup); a continued study's row is only rewritten when its config changed.
     store_.save_study(c_.name, c_.to_yaml_string());  // at once: `study status` may already be reading
     bridge_ = std::make_unique<OptunaBridge>(store_.path(), c_);
     record_environment();
@@ -181,17 +181,6 @@ class StudyRun {
     p.kill_grace_s = o.kill_grace_s;
     p.say = std::move(say);
     return p;
-  }
-
-  void check_same_study() {
-    auto stored = store_.study_config(c_.name);
-    if (!stored) return;
-    StudyConfig old = StudyConfig::from_yaml(YAML::Load(*stored), store_.path() + " (stored study config)");
-    if (old.identity() != c_.identity())
-      throw ConfigError(c_.source + ": study '" + c_.name + "' already exists in " + dir_ +
-                        " with a different search (objective, sampler, pruner, seed, base or space differ); "
-                        "give a new --name, or run `bertsweep study resume " +
-                        c_.name + "` to continue it");
   }
 
   void record_environment() {
@@ -320,6 +309,11 @@ class StudyRun {
   void launch_one() {
     auto r = std::make_unique<RunningTrial>();
     OptunaBridge::Asked a = ask_next();
+    // A number Optuna hands out again (its study changed under us) must not reach the trial's folder or row.
+    if (auto stored = store_.trial(a.number))
+      throw StudyError(store_.path() + ": Optuna gave out trial number " + std::to_string(a.number) +
+                       ", which bs_trials already holds (" + stored->state + "); nothing of it was written. " +
+                       damaged_study_help(store_.path()));
     TrialRecord& rec = r->rec;
     rec.number = a.number;
     rec.params_json = params_to_json(a.params);
@@ -598,6 +592,14 @@ int Controller::run() {
     int fd;
     ~Unlock() { close(fd); }
   } unlock{fd};
+  // Nothing is written to an existing study file that disagrees with itself, and a copy is taken before
+  // this session's first write (the way back from whatever happens next).
+  const std::string db = dir + "/study.db";
+  check_stored_study_agrees(db, config_, dir);
+  if (fs::exists(db)) {
+    const std::string bak = StudyStore::backup(db);
+    if (!options_.quiet) std::cerr << "[" << config_.name << "] copied " << db << " to " << bak << " before writing\n";
+  }
   StudyRun run(config_, options_, dir, std::move(resources.gpus), resources.threads);
   return run.run();
 }

@@ -4,9 +4,11 @@
 #include <pybind11/stl.h>
 
 #include <filesystem>
+#include <iostream>
 #include <stdexcept>
 
 #include "common/BuildInfo.h"
+#include "common/Errors.h"
 #include "search/CellSearchSource.h"
 #include "search/StudyConfig.h"
 
@@ -29,13 +31,56 @@ std::string python_error_text(py::error_already_set& e) {
   }
 }
 
-// Runs `f`, turning a Python exception into std::runtime_error("<what>: <traceback>").
+// The study file the bridge works on (one per process), for error messages.
+std::string& bridge_db_path() {
+  static std::string path;
+  return path;
+}
+
+// A Python exception from Optuna or its storage layer (SQLAlchemy, sqlite3), in bertsweep's words: what
+// failed, in which file, and the way back. The traceback goes to stderr first, for a bug report, so that the
+// user's last line is this message and not Python's.
+std::string storage_error_text(const std::string& what, py::error_already_set& e) {
+  std::cerr << "bertsweep: Optuna's traceback (" << what << "), for a bug report:\n" << python_error_text(e);
+  std::string type, message;
+  try {
+    py::handle t = e.type();
+    type = py::str(t.attr("__module__")).cast<std::string>() + "." + py::str(t.attr("__name__")).cast<std::string>();
+    message = py::str(e.value()).cast<std::string>();
+  } catch (...) {
+    message = e.what();
+  }
+  message = message.substr(0, message.find('\n'));
+  if (auto bg = message.find("(Background on this error"); bg != std::string::npos) message.erase(bg);
+  if (message.size() > 200) message = message.substr(0, 200) + "...";
+  const std::string& db = bridge_db_path();
+  const std::string file = db.empty() ? std::string("the study file") : db;
+  std::string cause;
+  if (e.matches(PyExc_KeyError))
+    cause = "a study or trial record Optuna expects is missing from " + file + " (the file was edited or damaged)";
+  else if (e.matches(PyExc_LookupError) || e.matches(PyExc_ValueError))
+    cause = "a value in Optuna's tables in " + file + " is not one Optuna knows (" + type + ": " + message +
+            "; the file was edited, damaged or written by another Optuna version)";
+  else if (type.rfind("sqlalchemy.", 0) == 0 || type.rfind("sqlite3.", 0) == 0 ||
+           type == "optuna.exceptions.StorageInternalError" || what == "create_study")
+    cause = "Optuna's storage cannot use " + file + " (" + message + ")";
+  else
+    return "Optuna failed (" + what + "): " + type + ": " + message + " (traceback above)";
+  return cause + " during " + what + "; " +
+         (db.empty()
+              ? std::string("restore the study file from its .bak copy")
+              : "restore " + db + ".bak with `cp " + db + ".bak " + db +
+                    "`, or recover what SQLite can read with `sqlite3 " + db + " .recover | sqlite3 recovered.db`") +
+         " (Optuna's traceback is above)";
+}
+
+// Runs `f`, turning a Python exception into a StudyError (exit 7) in bertsweep's words.
 template <typename F>
 auto guarded(const std::string& what, F&& f) -> decltype(f()) {
   try {
     return f();
   } catch (py::error_already_set& e) {
-    throw std::runtime_error("Optuna (" + what + ") raised:\n" + python_error_text(e));
+    throw StudyError(storage_error_text(what, e));
   }
 }
 
@@ -229,6 +274,7 @@ py::dict to_python_dict(const std::map<std::string, ParamValue>& params) {
 
 OptunaBridge::OptunaBridge(const std::string& db_path, const StudyConfig& config) : impl_(new Impl) {
   ensure_python();
+  bridge_db_path() = std::filesystem::absolute(db_path).string();
   guarded("create_study", [&] {
     auto& I = *impl_;
     I.optuna = py::module_::import("optuna");

@@ -2,7 +2,10 @@
 
 #include "studies/SqlValues.h"
 
+#include "common/Errors.h"
+
 #include <SQLiteCpp/SQLiteCpp.h>
+#include <SQLiteCpp/Backup.h>
 #include <SQLiteCpp/VariadicBind.h>
 
 #include <cctype>
@@ -98,6 +101,18 @@ const char* kTrialColumns =
     "reached, samples_to_target, seconds_to_target, final_mlm_accuracy, value, values_text, attempt, retry_of, "
     "retried";
 
+// "state = excluded.state, ...": every column but the key, for the upsert of a running trial's row.
+std::string trial_updates() {
+  std::string out;
+  std::stringstream ss(kTrialColumns);
+  for (std::string c; std::getline(ss, c, ',');) {
+    c.erase(0, c.find_first_not_of(' '));
+    if (c == "number") continue;
+    out += (out.empty() ? "" : ", ") + c + " = excluded." + c;
+  }
+  return out;
+}
+
 TrialRecord read_trial(SQLite::Statement& q) {
   TrialRecord t;
   t.number = q.getColumn(0).getInt64();
@@ -189,6 +204,32 @@ std::unique_ptr<SQLite::Database> StudyStore::open_read_only(const std::string& 
   return std::make_unique<SQLite::Database>(uri, SQLite::OPEN_READONLY | SQLite::OPEN_URI, /*busy timeout ms=*/30000);
 }
 
+std::string StudyStore::backup(const std::string& db_path, int keep) {
+  namespace fs = std::filesystem;
+  const std::string bak = db_path + ".bak", tmp = db_path + ".bak.tmp";
+  std::error_code ec;
+  fs::remove(tmp, ec);
+  try {
+    auto src = open_read_only(db_path);
+    {
+      SQLite::Database dst(tmp, SQLite::OPEN_READWRITE | SQLite::OPEN_CREATE);
+      SQLite::Backup copy(dst, *src);
+      copy.executeStep(-1);
+    }
+  } catch (const SQLite::Exception& e) {
+    fs::remove(tmp, ec);
+    throw std::runtime_error(db_path + ": cannot copy the study database to " + bak + " before writing to it (" +
+                             e.what() + "); nothing was written (check free space and that the folder is writable)");
+  }
+  // .bak.(keep-2) -> .bak.(keep-1), ..., .bak -> .bak.1, then the new copy becomes .bak.
+  for (int i = keep - 1; i >= 1; --i) {
+    const std::string from = i == 1 ? bak : bak + "." + std::to_string(i - 1);
+    if (fs::exists(from, ec)) fs::rename(from, bak + "." + std::to_string(i), ec);
+  }
+  fs::rename(tmp, bak);
+  return bak;
+}
+
 bool StudyStore::has_table(const std::string& table) const {
   SQLite::Statement q(*db_, "SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?");
   q.bind(1, table);
@@ -251,9 +292,9 @@ std::map<std::string, std::string> StudyStore::environment(int64_t session) cons
   return out;
 }
 
-void StudyStore::insert_trial(const TrialRecord& t) {
-  SQLite::Statement s(*db_, std::string("INSERT OR REPLACE INTO bs_trials(") + kTrialColumns +
-                                ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+namespace {
+
+void bind_trial(SQLite::Statement& s, const TrialRecord& t) {
   s.bind(1, t.number);
   s.bind(2, t.state);
   s.bind(3, t.pid);
@@ -278,10 +319,35 @@ void StudyStore::insert_trial(const TrialRecord& t) {
   s.bind(18, t.attempt);
   s.bind(19, t.retry_of);
   s.bind(20, t.retried ? 1 : 0);
+}
+
+}  // namespace
+
+void StudyStore::insert_trial(const TrialRecord& t) {
+  if (auto row = trial(t.number))
+    throw StudyError(path_ + ": trial " + std::to_string(t.number) + " is already stored (" + row->state +
+                     "); bertsweep never overwrites a stored trial (Optuna and bs_trials disagree: see "
+                     "`bertsweep study status`)");
+  SQLite::Statement s(*db_, std::string("INSERT INTO bs_trials(") + kTrialColumns +
+                                ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?)");
+  bind_trial(s, t);
   s.exec();
 }
 
-void StudyStore::update_trial(const TrialRecord& t) { insert_trial(t); }
+void StudyStore::update_trial(const TrialRecord& t) {
+  // Only a RUNNING row is rewritten; the WHERE makes that hold in the one statement.
+  SQLite::Statement s(*db_,
+                      std::string("INSERT INTO bs_trials(") + kTrialColumns +
+                          ") VALUES (?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?,?) ON CONFLICT(number) DO UPDATE SET " +
+                          trial_updates() + " WHERE bs_trials.state = 'RUNNING'");
+  bind_trial(s, t);
+  if (s.exec() == 0) {
+    auto row = trial(t.number);
+    throw StudyError(path_ + ": trial " + std::to_string(t.number) + " is already " +
+                     (row ? row->state : std::string("stored")) +
+                     "; bertsweep never overwrites a finished trial (this " + t.state + " result was not written)");
+  }
+}
 
 void StudyStore::mark_retried(int64_t number) {
   SQLite::Statement s(*db_, "UPDATE bs_trials SET retried = 1 WHERE number = ?");

@@ -87,6 +87,12 @@ class StudyStore {
   // plain read-only connection reads the WAL the writer keeps. Throws SQLite::Exception.
   static std::unique_ptr<SQLite::Database> open_read_only(const std::string& db_path);
 
+  // An online copy of the study file (SQLite's backup API, so a consistent snapshot even of a WAL file) to
+  // `db_path`.bak, taken by a writing session before its first write; the previous copies move to .bak.1 ..
+  // .bak.(keep-1). Written to a temporary file and renamed, so a kill never leaves a half copy as .bak.
+  // Returns the copy's path. Throws std::runtime_error naming the file.
+  static std::string backup(const std::string& db_path, int keep = 3);
+
   // bs_study: the study's name and its config as given (to check that a continued study is the same).
   // Inserts the row, or updates only its config when it differs (`created` is kept).
   void save_study(const std::string& name, const std::string& config_yaml);
@@ -99,8 +105,11 @@ class StudyStore {
   std::map<std::string, std::string> environment(int64_t session = -1) const;  // -1: the latest
 
   // bs_trials
-  void insert_trial(const TrialRecord& t);  // replaces a row with the same number
-  void update_trial(const TrialRecord& t);  // same as insert: the whole row is written
+  // A new row; StudyError (exit 7) when the number is taken: a finished result is never overwritten.
+  void insert_trial(const TrialRecord& t);
+  // Writes the whole row of a RUNNING trial (inserting it when absent); StudyError when the stored row is
+  // COMPLETE, PRUNED or FAIL.
+  void update_trial(const TrialRecord& t);
   void mark_retried(int64_t number);
   std::optional<TrialRecord> trial(int64_t number) const;
   std::vector<TrialRecord> trials() const;  // by number

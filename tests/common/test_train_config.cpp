@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 #include <yaml-cpp/yaml.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 
@@ -181,4 +182,31 @@ TEST(TrainConfig, ReadStoredSkipsWhatThisVersionNoLongerKnows) {
   full.set("optimizer.lr", "0.1", "t");
   full.set("model.init_checkpoint", "/ckpt/phase1.pt", "t");
   EXPECT_EQ(TrainConfig::read_stored(full.to_yaml_string()).to_yaml_string(), full.to_yaml_string());
+}
+
+// Nested aliases ("billion laughs": 9 levels of 9 aliases, about 400 bytes, 387 million nodes expanded) are
+// refused from the parser's events before any tree is walked; a config with a few honest aliases loads.
+TEST(TrainConfig, AliasBombIsRefusedQuickly) {
+  std::string dir = bs::test::make_temp_dir("alias-bomb");
+  std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+  for (char c = 'b'; c <= 'i'; ++c) {
+    bomb += std::string(1, c) + ": &" + c + " [";
+    for (int i = 0; i < 9; ++i) bomb += std::string(i ? ", " : "") + "*" + static_cast<char>(c - 1);
+    bomb += "]\n";
+  }
+  bomb += "model: {hidden: 128}\n";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string err = error_of(write(dir, "bomb.yaml", bomb));
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_NE(err.find("bomb.yaml:"), std::string::npos) << err;
+  EXPECT_NE(err.find("billion laughs"), std::string::npos) << err;
+  EXPECT_LT(seconds, 1.0);  // the walk it replaces took minutes
+  // Aliases within the bound: counted, and the config loads.
+  EXPECT_NO_THROW(bs::yaml::check_alias_expansion("a: &a [1, 2]\nb: [*a, *a, *a]\n", "inline"));
+  std::string wide = "a: &a [";
+  for (int i = 0; i < 1000; ++i) wide += std::string(i ? "," : "") + "1";
+  wide += "]\nb: [";
+  for (int i = 0; i < 200; ++i) wide += std::string(i ? "," : "") + "*a";
+  wide += "]\n";  // 200 x 1001 nodes: past the bound without any nesting
+  EXPECT_THROW(bs::yaml::check_alias_expansion(wide, "wide"), ConfigError);
 }

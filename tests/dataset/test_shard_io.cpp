@@ -4,6 +4,8 @@
 #include <H5Cpp.h>
 
 #include <filesystem>
+#include <functional>
+#include <tuple>
 #include <fstream>
 #include <map>
 
@@ -22,8 +24,13 @@ bs::ShardData random_shard(int64_t n, int64_t s, int64_t p, int64_t vocab, uint6
   d.input_mask = cols.lt(d.lengths.unsqueeze(1)).to(torch::kInt32);
   d.input_ids = torch::randint(5, vocab, {n, s}, torch::kInt32) * d.input_mask;
   d.segment_ids = cols.ge(d.lengths.unsqueeze(1) / 2).to(torch::kInt32) * d.input_mask;
-  d.masked_lm_positions = torch::randint(1, 4, {n, p}, torch::kInt32);
-  d.masked_lm_ids = torch::randint(5, vocab, {n, p}, torch::kInt32);
+  // BERT's structure (check_shard_structure): k masked tokens first, at increasing positions after [CLS]
+  // inside the real tokens (lengths >= 5), zeros after them.
+  auto k = torch::minimum(torch::randint(1, p + 1, {n}, torch::kInt32), d.lengths - 1).unsqueeze(1);
+  auto slots = torch::arange(p, torch::kInt32).unsqueeze(0);
+  auto used = slots.lt(k).to(torch::kInt32);
+  d.masked_lm_positions = (slots + 1) * used;
+  d.masked_lm_ids = torch::randint(5, vocab, {n, p}, torch::kInt32) * used;
   d.next_sentence_labels = torch::randint(0, 2, {n}, torch::kInt32);
   return d;
 }
@@ -176,13 +183,103 @@ TEST_F(LoadDataset, TrainShardsAreEveryHdf5ButTheEvalFile) {
   EXPECT_EQ(ds.train.size(), 50);
   EXPECT_EQ(ds.eval.size(), 10);
   EXPECT_EQ(ds.vocab_size, 500);
-  // A custom eval file name: eval.hdf5 then counts as training data.
+  // A custom eval file name: eval.hdf5 (not named like the training shards) is then not read, but named in
+  // a warning; so is any other stray *.hdf5 beside the shards.
   fs::rename(dir + "/eval.hdf5", dir + "/heldout.hdf5");
   write_shard(dir + "/eval.hdf5", random_shard(4, 64, 8, 500, 13));
+  write_shard(dir + "/train_00001.copy.hdf5", random_shard(4, 64, 8, 500, 14));
   cfg.eval_file = dir + "/heldout.hdf5";
+  testing::internal::CaptureStderr();
   const auto ds2 = bs::load_dataset(cfg);
-  EXPECT_EQ(ds2.train.size(), 54);
+  const std::string warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(ds2.train.size(), 50);
+  EXPECT_EQ(ds2.train_files.size(), 2u);
   EXPECT_EQ(ds2.eval.size(), 10);
+  EXPECT_NE(warning.find("not reading " + dir + "/eval.hdf5, " + dir + "/train_00001.copy.hdf5"), std::string::npos)
+      << warning;
+  // Shards named in meta.yaml: only those are read, the rest is named in the warning.
+  std::ofstream(dir + "/meta.yaml") << "# bertsweep data prepare\nshards: [train_00001.hdf5]\n";
+  testing::internal::CaptureStderr();
+  const auto ds3 = bs::load_dataset(cfg);
+  const std::string meta_warning = testing::internal::GetCapturedStderr();
+  EXPECT_EQ(ds3.train.size(), 20);
+  EXPECT_NE(meta_warning.find(dir + "/train_00000.hdf5"), std::string::npos) << meta_warning;
+  EXPECT_NE(meta_warning.find("not a shard listed in meta.yaml"), std::string::npos) << meta_warning;
+}
+
+// Values in range but a structure no BERT pretraining data has: each rule broken once is refused with the
+// rule, the dataset and the sample named; the valid shard passes.
+TEST_F(ShardIO, StructureOfBertDataIsChecked) {
+  const bs::ShardData valid = random_shard(40, 32, 6, 500, 21);
+  EXPECT_NO_THROW(bs::check_shard_values(valid, "x.hdf5", 500));
+  auto clone = [&] {
+    bs::ShardData d;
+    d.input_ids = valid.input_ids.clone();
+    d.input_mask = valid.input_mask.clone();
+    d.segment_ids = valid.segment_ids.clone();
+    d.masked_lm_positions = valid.masked_lm_positions.clone();
+    d.masked_lm_ids = valid.masked_lm_ids.clone();
+    d.next_sentence_labels = valid.next_sentence_labels.clone();
+    return d;
+  };
+  const int64_t len7 = valid.input_mask[7].sum().item<int64_t>();
+  const int64_t shortest = valid.input_mask.sum(1).argmin().item<int64_t>();  // has padding
+  const int64_t len_short = valid.input_mask[shortest].sum().item<int64_t>();
+  ASSERT_LT(len_short, 32);
+  const std::vector<std::tuple<std::string, std::function<void(bs::ShardData&)>, std::string>> breaks = {
+      {"all [PAD]", [](bs::ShardData& d) { d.input_ids.zero_(); }, "is never id 0"},
+      {"one [PAD] among the real tokens", [](bs::ShardData& d) { d.input_ids[7][1] = 0; }, "sample 7"},
+      {"hole in the mask", [](bs::ShardData& d) { d.input_mask[7][1] = 0; }, "no hole"},
+      {"two real tokens", [](bs::ShardData& d) { d.input_mask[7].slice(0, 2).zero_(); }, "at least 3 real tokens"},
+      {"segment 1 then 0",
+       [&](bs::ShardData& d) {
+         d.segment_ids[7].slice(0, 1, len7).fill_(1);
+         d.segment_ids[7][len7 - 1] = 0;
+       },
+       "0 for sentence A, then 1"},
+      {"[CLS] in segment 1", [](bs::ShardData& d) { d.segment_ids.select(1, 0).fill_(1); }, "[CLS]) is in sentence A"},
+      {"masked positions all 0", [](bs::ShardData& d) { d.masked_lm_positions.zero_(); }, "after [CLS]"},
+      {"masked position in the padding",
+       [&](bs::ShardData& d) { d.masked_lm_positions[shortest][0] = static_cast<int>(len_short); },
+       "inside the real tokens"},
+      {"masked ids with a hole",
+       [](bs::ShardData& d) {
+         d.masked_lm_ids[7][0] = 0;
+         d.masked_lm_ids[7][1] = 9;
+       },
+       "ids first, then 0"},
+      {"unused position not 0",
+       [](bs::ShardData& d) {
+         d.masked_lm_ids.select(1, 5).zero_();
+         d.masked_lm_positions.select(1, 5).fill_(2);
+       },
+       "0 for each unused prediction"},
+      {"positions not increasing",
+       [](bs::ShardData& d) {
+         d.masked_lm_positions.select(1, 0).fill_(1);
+         d.masked_lm_positions.select(1, 1).fill_(1);
+         d.masked_lm_ids.select(1, 1).fill_(7);
+       },
+       "strictly increasing"},
+      {"no masked token at all",
+       [](bs::ShardData& d) {
+         d.masked_lm_ids.zero_();
+         d.masked_lm_positions.zero_();
+       },
+       "no sample has a masked token"},
+  };
+  for (const auto& [what, change, rule] : breaks) {
+    bs::ShardData d = clone();
+    change(d);
+    try {
+      bs::check_shard_values(d, "x.hdf5", 500);
+      ADD_FAILURE() << what << ": accepted";
+    } catch (const bs::DataError& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(rule), std::string::npos) << what << ": " << m;
+      EXPECT_NE(m.find("x.hdf5: dataset "), std::string::npos) << what << ": " << m;
+    }
+  }
 }
 
 TEST_F(LoadDataset, VocabSizeFallsBackToLargestIdPlusOne) {

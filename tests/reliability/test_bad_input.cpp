@@ -132,6 +132,101 @@ TEST_F(BadInput, StudyFileThatIsNotAStudy) {
   fs::remove_all(dir_ + "/junk");
 }
 
+// The Optuna side of a finished study changed behind bertsweep's back (renamed with Optuna's API, a trial's
+// state or value edited, the direction flipped, Optuna's tables dropped): `study resume` refuses before
+// writing anything (exit 7, naming what disagrees), so the finished trial's row, its config.yaml and the
+// whole file stay byte-identical and no backup or environment row is made.
+TEST_F(BadInput, ResumeRefusesAStudyWhoseOptunaSideDisagrees) {
+  const std::vector<std::pair<std::string, std::string>> damages = {
+      {"UPDATE studies SET study_name = 'kept-renamed'", "Optuna holds no study named 'kept'"},
+      {"UPDATE trials SET state = 'PRUNED' WHERE number = 0", "trial 0 is COMPLETE in bs_trials but PRUNED"},
+      {"UPDATE trials SET state = 'BOGUS' WHERE number = 0", "but BOGUS in Optuna's study"},
+      {"UPDATE trial_values SET value = value + 1", "objective value in Optuna's study differs"},
+      {"UPDATE study_directions SET direction = 'MAXIMIZE'", "direction is maximize"},
+      {"DELETE FROM trials", "trial 0 is COMPLETE in bs_trials but not in Optuna's study"},
+      {"DROP TABLE trials", "Optuna's tables (studies, trials) are missing"},
+  };
+  int i = 0;
+  for (const auto& [sql, needle] : damages) {
+    const std::string root = dir_ + "/optuna-damage-" + std::to_string(i++);
+    fs::create_directories(root);
+    fs::copy(dir_ + "/kept", root + "/kept", fs::copy_options::recursive);
+    fs::remove(root + "/kept/study.db.bak");  // the fixture's own session took one
+    {
+      SQLite::Database db(root + "/kept/study.db", SQLite::OPEN_READWRITE);
+      db.exec("PRAGMA foreign_keys = OFF");
+      db.exec(sql);
+    }
+    const std::string before = test::folder_fingerprint(root);
+    auto r = test::run({test::bertsweep_bin(), "study", "resume", "kept", "--dir", root}, 120);
+    EXPECT_REFUSED(r, 7, needle);
+    EXPECT_NE(r.err.find("nothing was written"), std::string::npos) << r.err;
+    EXPECT_EQ(test::folder_fingerprint(root), before) << sql;
+    EXPECT_FALSE(fs::exists(root + "/kept/study.db.bak")) << sql;
+    fs::remove_all(root);
+  }
+}
+
+// Damage that only Optuna notices (its schema version, a stored distribution): the storage layer's Python
+// exception becomes bertsweep's words as the last line (file, cause, the .bak way back; exit 7), the
+// traceback stays above it for a bug report, and the finished trial's row is untouched.
+TEST_F(BadInput, OptunaStorageErrorsAreReportedInBertsweepsWords) {
+  const std::vector<std::pair<std::string, std::string>> damages = {
+      {"UPDATE alembic_version SET version_num = 'bogus'", "Optuna's storage cannot use"},
+      {"UPDATE trial_params SET distribution_json = '{bad'", "is not one Optuna knows"},
+  };
+  int i = 0;
+  for (const auto& [sql, needle] : damages) {
+    const std::string root = dir_ + "/optuna-error-" + std::to_string(i++), db = root + "/kept/study.db";
+    fs::create_directories(root);
+    fs::copy(dir_ + "/kept", root + "/kept", fs::copy_options::recursive);
+    {
+      SQLite::Database d(db, SQLite::OPEN_READWRITE);
+      d.exec(sql);
+    }
+    const TrialRecord before = StudyStore(db, StudyStore::Mode::kReadOnly).trial(0).value();
+    auto r = test::run({test::bertsweep_bin(), "study", "resume", "kept", "--dir", root}, 120);
+    EXPECT_EQ(r.exit_code, 7) << r.err;
+    std::string last = r.err.substr(0, r.err.find_last_not_of('\n') + 1);
+    last = last.substr(last.find_last_of('\n') + 1);
+    EXPECT_NE(last.find(needle), std::string::npos) << "last line: " << last;
+    EXPECT_NE(last.find(db + ".bak"), std::string::npos) << "last line: " << last;
+    for (const char* raw : {"Traceback", "sqlalchemy", "Background on this error"})
+      EXPECT_EQ(last.find(raw), std::string::npos) << "last line: " << last;
+    EXPECT_NE(r.err.find("Traceback"), std::string::npos) << "the traceback is kept above";
+    const TrialRecord after = StudyStore(db, StudyStore::Mode::kReadOnly).trial(0).value();
+    EXPECT_EQ(after.state, before.state);
+    EXPECT_EQ(after.values, before.values);
+    EXPECT_EQ(after.config_yaml, before.config_yaml);
+    fs::remove_all(root);
+  }
+}
+
+// A writing session copies study.db to study.db.bak before its first write; that copy brings back a study
+// whose file is then destroyed.
+TEST_F(BadInput, BackupBeforeResumeRestoresADestroyedStudy) {
+  const std::string root = dir_ + "/backup";
+  fs::create_directories(root);
+  fs::copy(dir_ + "/kept", root + "/kept", fs::copy_options::recursive);
+  fs::remove(root + "/kept/study.db.bak");
+  const std::string bin = test::bertsweep_bin();
+  auto status = test::run({bin, "study", "status", "kept", "--dir", root});
+  ASSERT_EQ(status.exit_code, 0) << status.err;
+  auto r = test::run({bin, "study", "resume", "kept", "--dir", root}, 120);  // budget spent: runs nothing
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  ASSERT_TRUE(fs::exists(root + "/kept/study.db.bak"));
+  std::ofstream(root + "/kept/study.db", std::ios::binary | std::ios::trunc) << "destroyed";
+  fs::remove(root + "/kept/study.db-wal");
+  fs::remove(root + "/kept/study.db-shm");
+  auto broken = test::run({bin, "study", "status", "kept", "--dir", root});
+  EXPECT_EQ(broken.exit_code, 7) << broken.err;
+  fs::copy_file(root + "/kept/study.db.bak", root + "/kept/study.db", fs::copy_options::overwrite_existing);
+  auto back = test::run({bin, "study", "status", "kept", "--dir", root});
+  EXPECT_EQ(back.exit_code, 0) << back.err;
+  EXPECT_EQ(back.out, status.out);
+  fs::remove_all(root);
+}
+
 // An export or report never writes into a study folder: not over study.db, not beside it (the TearDown
 // checks that the study is byte for byte as it was).
 TEST_F(BadInput, ExportAndReportNeverWriteIntoAStudyFolder) {

@@ -23,6 +23,7 @@
 #include <map>
 #include <random>
 #include <set>
+#include <tuple>
 
 #include "ReliabilityUtil.h"
 #include "common/Errors.h"
@@ -237,6 +238,41 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
                        30});
   }
 
+  // 2b. A few hundred bytes of nested aliases ("billion laughs"), refused from the parser's events within a
+  // second (the timeout); output paths that cannot be written, refused before any training.
+  {
+    std::string bomb = "a: &a [x, x, x, x, x, x, x, x, x]\n";
+    for (char c = 'b'; c <= 'i'; ++c) {
+      bomb += std::string(1, c) + ": &" + c + " [";
+      for (int i = 0; i < 9; ++i) bomb += std::string(i ? ", " : "") + "*" + static_cast<char>(c - 1);
+      bomb += "]\n";
+    }
+    std::ofstream(dir_ + "/bomb.yaml") << bomb;
+    cases.push_back({"train --config bomb.yaml",
+                     {"train", "--config", dir_ + "/bomb.yaml"},
+                     exit_code::kUsage,
+                     "billion laughs",
+                     10});
+    cases.push_back({"study run --config bomb.yaml",
+                     {"study", "run", "--config", dir_ + "/bomb.yaml", "--dir", dir_ + "/studies"},
+                     exit_code::kUsage,
+                     "billion laughs",
+                     10});
+  }
+  for (const auto& [what, extra, needle] : std::vector<std::tuple<std::string, std::vector<std::string>, std::string>>{
+           {"--dump-params into a missing folder", {"--dump-params", "/nonexistent-bs/p.bin"}, "does not exist"},
+           {"--dump-params onto a folder", {"--dump-params", dir_}, "is a folder"},
+           {"--dump-params under a file", {"--dump-params", dir_ + "/tiny.yaml/p.bin"}, "is a file, not a folder"},
+           {"checkpoint.dir onto a file", {"--set", "checkpoint.dir=" + dir_ + "/tiny.yaml"}, "checkpoint.dir"},
+           {"checkpoint.dir under a file", {"--set", "checkpoint.dir=" + dir_ + "/tiny.yaml/ckpt"}, "checkpoint.dir"},
+           {"log.mllog into a missing folder", {"--set", "log.mllog=/nonexistent-bs/m.log"}, "log.mllog"},
+           {"--events onto a folder", {"--events", dir_}, "--events"},
+       }) {
+    std::vector<std::string> argv = {"train", "--config", tiny_};
+    argv.insert(argv.end(), extra.begin(), extra.end());
+    cases.push_back({"train " + what, argv, exit_code::kUsage, needle, 60});
+  }
+
   // 3. Damaged data: each case is validated by `data inspect --check` and refused by `train` with exit 3.
   auto with_shard = [&](const std::string& dirpath, const std::string& file,
                         const std::function<void(ShardData&)>& change) {
@@ -280,6 +316,24 @@ TEST_P(Campaign, HundredsOfBadInputsEndCleanlyWithTheirDocumentedCode) {
       {"all-zero-mask",
        [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_mask[2].zero_(); }); },
        "input_mask"},
+      // Values in range, structure impossible (check_shard_structure): each trained to accuracy 0 before.
+      {"all-pad-input-ids",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_ids.zero_(); }); },
+       "never id 0"},
+      {"input-mask-hole",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.input_mask[2][1] = 0; }); },
+       "no hole"},
+      {"masked-positions-all-zero",
+       [&](const std::string& d) {
+         with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.masked_lm_positions.zero_(); });
+       },
+       "after [CLS]"},
+      {"masked-ids-all-zero",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.masked_lm_ids.zero_(); }); },
+       "masked_lm_positions"},
+      {"segments-all-one",
+       [&](const std::string& d) { with_shard(d, "train_00000.hdf5", [](ShardData& s) { s.segment_ids.fill_(1); }); },
+       "segment_ids"},
       {"eval-segment-2",
        [&](const std::string& d) { with_shard(d, "eval.hdf5", [](ShardData& s) { s.segment_ids[0][1] = 2; }); },
        "eval.hdf5"},

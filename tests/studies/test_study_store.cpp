@@ -7,6 +7,7 @@
 #include <fstream>
 
 #include "TestUtil.h"
+#include "common/Errors.h"
 #include "studies/StudyStore.h"
 
 using namespace bs;
@@ -146,4 +147,78 @@ TEST(StudyStore, SavingTheStudyAgainKeepsItsCreationTime) {
   ASSERT_TRUE(q.executeStep());
   EXPECT_EQ(q.getColumn(0).getDouble(), 1000.0);
   EXPECT_EQ(q.getColumn(1).getString(), "name: demo\nn_trials: 3\n");
+}
+
+// A stored result is never overwritten: a new row under a taken number and a rewrite of a finished row are
+// refused (StudyError, exit 7) and leave the stored row as it was; a RUNNING row is rewritten.
+TEST(StudyStore, FinishedTrialRowsAreNeverOverwritten) {
+  std::string db = test::make_temp_dir("store-keep") + "/study.db";
+  StudyStore s(db);
+  TrialRecord t;
+  t.number = 0;
+  t.config_yaml = "optimizer: {name: lamb}\n";
+  s.insert_trial(t);
+  t.state = trial_state::kComplete;
+  t.values = {512};
+  s.update_trial(t);  // RUNNING -> COMPLETE
+  TrialRecord other;
+  other.number = 0;
+  other.config_yaml = "optimizer: {name: adam}\n";
+  try {
+    s.insert_trial(other);
+    ADD_FAILURE() << "a taken number was inserted again";
+  } catch (const StudyError& e) {
+    EXPECT_NE(std::string(e.what()).find("trial 0 is already stored (COMPLETE)"), std::string::npos) << e.what();
+  }
+  for (const char* state : {trial_state::kRunning, trial_state::kFail, trial_state::kComplete}) {
+    other.state = state;
+    try {
+      s.update_trial(other);
+      ADD_FAILURE() << "a COMPLETE row was overwritten by a " << state << " one";
+    } catch (const StudyError& e) {
+      EXPECT_NE(std::string(e.what()).find("trial 0 is already COMPLETE"), std::string::npos) << e.what();
+    }
+  }
+  auto kept = s.trial(0).value();
+  EXPECT_EQ(kept.state, trial_state::kComplete);
+  EXPECT_EQ(kept.values, std::vector<double>{512});
+  EXPECT_EQ(kept.config_yaml, "optimizer: {name: lamb}\n");
+  TrialRecord fresh;  // update_trial of a row not there yet (a dead controller's trial) inserts it
+  fresh.number = 7;
+  fresh.state = trial_state::kFail;
+  s.update_trial(fresh);
+  EXPECT_EQ(s.trial(7).value().state, trial_state::kFail);
+}
+
+// The backup is a readable copy taken with SQLite's backup API; older copies rotate to .bak.1, .bak.2 and
+// the oldest beyond `keep` is dropped. The copy restores a study that is then damaged.
+TEST(StudyStore, BackupRotatesAndRestoresADamagedStudy) {
+  std::string dir = test::make_temp_dir("store-backup"), db = dir + "/study.db";
+  {
+    StudyStore s(db);
+    s.save_study("demo", "name: demo\n");
+    for (int i = 0; i < 4; ++i) {
+      TrialRecord t;
+      t.number = i;
+      s.insert_trial(t);
+      EXPECT_EQ(StudyStore::backup(db, 3), db + ".bak");
+    }
+  }
+  EXPECT_FALSE(std::filesystem::exists(db + ".bak.tmp"));
+  EXPECT_FALSE(std::filesystem::exists(db + ".bak.3"));
+  // .bak has the 4 rows of the last copy, .bak.1 three, .bak.2 two.
+  for (auto [file, rows] : {std::pair<std::string, size_t>{db + ".bak", 4}, {db + ".bak.1", 3}, {db + ".bak.2", 2}})
+    EXPECT_EQ(StudyStore(file, StudyStore::Mode::kReadOnly).trials().size(), rows) << file;
+  {
+    std::ofstream damage(db, std::ios::binary | std::ios::in | std::ios::out);
+    damage.seekp(0);
+    damage << "garbage, not a SQLite header";
+  }
+  std::filesystem::remove(db + "-wal");
+  std::filesystem::remove(db + "-shm");
+  EXPECT_THROW(StudyStore(db, StudyStore::Mode::kReadOnly), std::runtime_error);
+  std::filesystem::copy_file(db + ".bak", db, std::filesystem::copy_options::overwrite_existing);
+  StudyStore restored(db, StudyStore::Mode::kReadOnly);
+  EXPECT_EQ(restored.trials().size(), 4u);
+  EXPECT_EQ(restored.study_config("demo").value(), "name: demo\n");
 }
