@@ -192,7 +192,21 @@ def importance(db_path, study_name, path, title):
     """
     import optuna
 
+    import sqlite3
+
     optuna.logging.set_verbosity(optuna.logging.WARNING)
+    try:
+        con = sqlite3.connect(_read_only_url(db_path)[len("sqlite:///"):].replace("&uri=true", ""), uri=True)
+        try:
+            has_tables = con.execute(
+                "SELECT count(*) FROM sqlite_master WHERE type = 'table' AND name IN ('studies', 'trials')"
+            ).fetchone()[0] == 2
+        finally:
+            con.close()
+    except sqlite3.Error as e:
+        return {"message": "no Optuna study in the file (%s)" % type(e).__name__}
+    if not has_tables:
+        return {"message": "no Optuna study in the file"}
     try:
         storage = optuna.storages.RDBStorage(_read_only_url(db_path), skip_table_creation=True)
         names = [s.study_name for s in optuna.study.get_all_study_summaries(storage, include_best_trial=False)]

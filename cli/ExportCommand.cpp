@@ -208,8 +208,9 @@ std::string export_text(const ExportOptions& o, const TrialRecord& t) {
   const std::string source = "trial " + std::to_string(t.number);
   std::vector<std::string> trial_sets = o.sets;
   if (o.scale_lr != "none") {
-    const TrainConfig trial = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source);
-    const TrainConfig prod = TrainConfig::from_yaml(YAML::Load(t.config_yaml), source, o.sets);
+    const std::string stored = o.dir + "/" + o.name + "/study.db " + source + " (bs_trials.config_yaml)";
+    const TrainConfig trial = TrainConfig::from_yaml(yaml::load_stored(t.config_yaml, stored), source);
+    const TrainConfig prod = TrainConfig::from_yaml(yaml::load_stored(t.config_yaml, stored), source, o.sets);
     const double lr = scaled_learning_rate(trial.optimizer.lr, trial.batch.global, prod.batch.global, o.scale_lr);
     trial_sets.push_back("optimizer.lr=" + shortest_number(lr));
     std::cerr << "bertsweep study export: --scale-lr " << o.scale_lr << ": lr " << shortest_number(trial.optimizer.lr)
@@ -217,7 +218,8 @@ std::string export_text(const ExportOptions& o, const TrialRecord& t) {
               << prod.batch.global << "\n";
   }
   std::string text = export_yaml(t, trial_sets);
-  const TrainConfig config = TrainConfig::from_yaml(YAML::Load(text), source);
+  const TrainConfig config = TrainConfig::from_yaml(
+      yaml::load_stored(text, o.dir + "/" + o.name + "/study.db " + source + " (bs_trials.config_yaml)"), source);
   const ProductionLayout& layout = o.layout;
   if (config.batch.global % layout.devices() != 0)
     throw UsageError("the global batch " + std::to_string(config.batch.global) + " of " + source +

@@ -329,6 +329,20 @@ void check_alias_expansion(const std::string& text, const std::string& source) {
   }
 }
 
+YAML::Node load_stored(const std::string& text, const std::string& source) {
+  try {
+    check_alias_expansion(text, source);
+    return YAML::Load(text);
+  } catch (const YAML::Exception& e) {
+    throw StudyError(source + ": the stored YAML is damaged (line " + std::to_string(e.mark.line + 1) + ": " + e.msg +
+                     "); the study file was edited or damaged: restore its copy study.db.bak (`cp study.db.bak "
+                     "study.db` in the study folder), or recover what SQLite can read with `sqlite3 study.db "
+                     ".recover | sqlite3 recovered.db`");
+  } catch (const ConfigError& e) {
+    throw StudyError(std::string(e.what()) + " (stored by bertsweep, so the study file was edited or damaged)");
+  }
+}
+
 YAML::Node load_file(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(path, ec)) throw ConfigError(path + ": file not found (check the path given to --config)");

@@ -155,6 +155,9 @@ constexpr long long kMaxExpandedNodes = 100000;
 // Counts the nodes of `text` with aliases expanded, from yaml-cpp's parser events (the tree is never
 // built), and throws ConfigError naming `source` past kMaxExpandedNodes. Stops at the first node past it.
 void check_alias_expansion(const std::string& text, const std::string& source);
+// YAML that bertsweep stored itself (a study's or a trial's config in study.db): a damaged copy is a
+// StudyError (exit 7) naming `source` (the file and the table) and the way back, not yaml-cpp's words.
+YAML::Node load_stored(const std::string& text, const std::string& source);
 // Sets `a.b.c` in a mapping to a YAML-parsed scalar (`--set a.b.c=value`).
 void set_path(YAML::Node& root, const std::string& assignment, const std::string& source);
 // "file:line" for a node, or just the file when the node has no mark.

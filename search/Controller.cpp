@@ -612,7 +612,8 @@ StudyConfig load_stored_study(const std::string& dir, const std::string& name) {
   StudyStore store(db, StudyStore::Mode::kReadOnly);
   auto text = store.study_config(name);
   if (!text) throw std::runtime_error(db + ": holds no bertsweep study named '" + name + "'");
-  return StudyConfig::from_yaml(YAML::Load(*text), db + " (stored study config)");
+  return StudyConfig::from_yaml(yaml::load_stored(*text, db + " (bs_study, study '" + name + "')"),
+                                db + " (stored study config)");
 }
 
 namespace {

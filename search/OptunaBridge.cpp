@@ -41,7 +41,6 @@ std::string& bridge_db_path() {
 // failed, in which file, and the way back. The traceback goes to stderr first, for a bug report, so that the
 // user's last line is this message and not Python's.
 std::string storage_error_text(const std::string& what, py::error_already_set& e) {
-  std::cerr << "bertsweep: Optuna's traceback (" << what << "), for a bug report:\n" << python_error_text(e);
   std::string type, message;
   try {
     py::handle t = e.type();
@@ -56,16 +55,17 @@ std::string storage_error_text(const std::string& what, py::error_already_set& e
   const std::string& db = bridge_db_path();
   const std::string file = db.empty() ? std::string("the study file") : db;
   std::string cause;
-  if (e.matches(PyExc_KeyError))
+  if (e.matches(PyExc_KeyError))  // "Record does not exist."
     cause = "a study or trial record Optuna expects is missing from " + file + " (the file was edited or damaged)";
-  else if (e.matches(PyExc_LookupError) || e.matches(PyExc_ValueError))
+  else if (e.matches(PyExc_LookupError) || type == "json.decoder.JSONDecodeError")  // enum value, stored JSON
     cause = "a value in Optuna's tables in " + file + " is not one Optuna knows (" + type + ": " + message +
             "; the file was edited, damaged or written by another Optuna version)";
   else if (type.rfind("sqlalchemy.", 0) == 0 || type.rfind("sqlite3.", 0) == 0 ||
            type == "optuna.exceptions.StorageInternalError" || what == "create_study")
     cause = "Optuna's storage cannot use " + file + " (" + message + ")";
-  else
-    return "Optuna failed (" + what + "): " + type + ": " + message + " (traceback above)";
+  else  // not the file: a bug (e.g. telling a finished trial), reported with its traceback
+    return "Optuna (" + what + ") raised:\n" + python_error_text(e);
+  std::cerr << "bertsweep: Optuna's traceback (" << what << "), for a bug report:\n" << python_error_text(e);
   return cause + " during " + what + "; " +
          (db.empty()
               ? std::string("restore the study file from its .bak copy")

@@ -87,7 +87,9 @@ bool finished(const std::string& state) {
   return state == trial_state::kComplete || state == trial_state::kPruned || state == trial_state::kFail;
 }
 
-bool same_value(double a, double b) { return a == b || std::fabs(a - b) <= 1e-12 * std::max(std::fabs(a), std::fabs(b)); }
+bool same_value(double a, double b) {
+  return a == b || std::fabs(a - b) <= 1e-12 * std::max(std::fabs(a), std::fabs(b));
+}
 
 // What disagrees, one line each (empty: they agree).
 std::vector<std::string> disagreements(const std::vector<TrialRecord>& rows, const OptunaSide& o,
@@ -168,13 +170,9 @@ void check_stored_study_agrees(const std::string& db_path, const StudyConfig& co
   OptunaSide optuna;
   try {
     if (auto stored = store.study_config(config.name)) {
-      StudyConfig old;
-      try {
-        old = StudyConfig::from_yaml(YAML::Load(*stored), db_path + " (stored study config)");
-      } catch (const YAML::Exception& e) {
-        throw StudyError(db_path + ": the stored config of study '" + config.name +
-                         "' (table bs_study) is not valid YAML (" + e.msg + "); " + damaged_study_help(db_path));
-      }
+      const StudyConfig old =
+          StudyConfig::from_yaml(yaml::load_stored(*stored, db_path + " (bs_study, study '" + config.name + "')"),
+                                 db_path + " (stored study config)");
       if (old.identity() != config.identity())
         throw ConfigError(config.source + ": study '" + config.name + "' already exists in " + dir +
                           " with a different search (objective, sampler, pruner, seed, base or space differ); "

@@ -80,9 +80,9 @@ std::string expand_short_key(const std::string& k) {
 }
 }  // namespace
 
-StudyObjective StudyObjective::from_study_yaml(const std::string& yaml) {
+StudyObjective StudyObjective::from_study_yaml(const std::string& yaml, const std::string& source) {
   StudyObjective o;
-  YAML::Node root = YAML::Load(yaml);
+  YAML::Node root = yaml::load_stored(yaml, source);
   auto objectives = string_or_list(root["objective"]);
   if (objectives.empty()) objectives = string_or_list(root["objectives"]);
   if (!objectives.empty()) o.metric = objectives[0];
@@ -98,7 +98,7 @@ StudyObjective StudyObjective::of_study(const StudyStore& store, const std::stri
     auto names = store.study_names();
     if (names.size() == 1) yaml = store.study_config(names[0]);
   }
-  return yaml ? from_study_yaml(*yaml) : StudyObjective{};
+  return yaml ? from_study_yaml(*yaml, store.path() + " (bs_study, study '" + name + "')") : StudyObjective{};
 }
 
 std::optional<double> objective_value(const TrialRecord& t, const StudyObjective& objective) {
@@ -171,7 +171,9 @@ std::string export_yaml(const TrialRecord& t, const std::vector<std::string>& se
     throw StudyError("trial " + std::to_string(t.number) + " has no stored resolved config (bs_trials.config_yaml)");
   if (sets.empty()) return shorten_yaml_numbers(t.config_yaml);
   const std::string source = "trial " + std::to_string(t.number) + " config";
-  return shorten_yaml_numbers(TrainConfig::from_yaml(YAML::Load(t.config_yaml), source, sets).to_yaml_string());
+  return shorten_yaml_numbers(
+      TrainConfig::from_yaml(yaml::load_stored(t.config_yaml, source + " (bs_trials.config_yaml)"), source, sets)
+          .to_yaml_string());
 }
 
 std::string shortest_number(double v) {

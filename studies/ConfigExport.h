@@ -30,7 +30,9 @@ struct StudyObjective {
   bool minimize = true;
 
   // From the stored study config YAML (`objective:` string or list, `direction:` string or list).
-  static StudyObjective from_study_yaml(const std::string& yaml);
+  // `source` names the stored text in errors (a damaged copy is a StudyError).
+  static StudyObjective from_study_yaml(const std::string& yaml,
+                                        const std::string& source = "the stored study config (bs_study)");
   // From the store: the config saved under `name` (or the only one saved); defaults when none is stored.
   static StudyObjective of_study(const StudyStore& store, const std::string& name);
 };

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <fstream>
 #include <random>
+#include <tuple>
 
 #include <SQLiteCpp/SQLiteCpp.h>
 
@@ -198,6 +199,40 @@ TEST_F(BadInput, OptunaStorageErrorsAreReportedInBertsweepsWords) {
     EXPECT_EQ(after.state, before.state);
     EXPECT_EQ(after.values, before.values);
     EXPECT_EQ(after.config_yaml, before.config_yaml);
+    fs::remove_all(root);
+  }
+}
+
+// A stored config that no longer parses (the study's in bs_study, a trial's in bs_trials) is a study error in
+// bertsweep's words (exit 7: the file, the table, the .bak way back), never yaml-cpp's text; nothing written.
+TEST_F(BadInput, DamagedStoredYamlIsAStudyErrorNamingTheFile) {
+  const std::string bin = test::bertsweep_bin();
+  const std::vector<std::tuple<std::string, std::vector<std::string>, std::string>> damages = {
+      {"UPDATE bs_trials SET config_yaml = 'a: b: c'", {"study", "export", "kept", "--best"}, "bs_trials.config_yaml"},
+      {"UPDATE bs_study SET config_yaml = 'a: b: c'", {"study", "status", "kept"}, "bs_study"},
+      {"UPDATE bs_study SET config_yaml = 'a: b: c'", {"study", "resume", "kept"}, "bs_study"},
+      {"UPDATE bs_study SET config_yaml = 'a: b: c'", {"study", "export", "kept", "--best"}, "bs_study"},
+  };
+  int i = 0;
+  for (const auto& [sql, cmd, needle] : damages) {
+    const std::string root = dir_ + "/stored-yaml-" + std::to_string(i++);
+    fs::create_directories(root);
+    fs::copy(dir_ + "/kept", root + "/kept", fs::copy_options::recursive);
+    {
+      SQLite::Database db(root + "/kept/study.db", SQLite::OPEN_READWRITE);
+      db.exec(sql);
+    }
+    const std::string before = test::folder_fingerprint(root);
+    std::vector<std::string> argv = {bin};
+    argv.insert(argv.end(), cmd.begin(), cmd.end());
+    argv.insert(argv.end(), {"--dir", root});
+    auto r = test::run(argv, 120);
+    EXPECT_REFUSED(r, 7, needle);
+    EXPECT_NE(r.err.find("stored YAML is damaged"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find(root + "/kept/study.db"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("study.db.bak"), std::string::npos) << r.err;
+    EXPECT_EQ(r.err.find("yaml-cpp"), std::string::npos) << r.err;
+    EXPECT_EQ(test::folder_fingerprint(root), before) << sql << " / " << cmd[1];
     fs::remove_all(root);
   }
 }
