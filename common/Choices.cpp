@@ -28,6 +28,7 @@ BS_CHOICE(BackendKind, "distributed.backend", "none", "mpi", "nccl", "auto")
 BS_CHOICE(GradDtype, "distributed.grad_dtype", "fp32", "compute")
 BS_CHOICE(DeviceKind, "device", "auto", "cpu", "cuda")
 BS_CHOICE(PrecisionKind, "precision", "auto", "fp32", "bf16", "fp16")
+BS_CHOICE(KernelsKind, "model.kernels", "auto", "fused", "reference")
 #undef BS_CHOICE
 
 template <class E>
@@ -65,6 +66,7 @@ BS_INSTANTIATE(BackendKind)
 BS_INSTANTIATE(GradDtype)
 BS_INSTANTIATE(DeviceKind)
 BS_INSTANTIATE(PrecisionKind)
+BS_INSTANTIATE(KernelsKind)
 #undef BS_INSTANTIATE
 
 const std::vector<std::string>& choice_values(const std::string& key) {
@@ -78,6 +80,7 @@ const std::vector<std::string>& choice_values(const std::string& key) {
     add_to<GradDtype>(m);
     add_to<DeviceKind>(m);
     add_to<PrecisionKind>(m);
+    add_to<KernelsKind>(m);
     return m;
   }();
   static const std::vector<std::string> none;

@@ -17,6 +17,7 @@ enum class BackendKind { kNone, kMpi, kNccl, kAuto };     // distributed.backend
 enum class GradDtype { kFp32, kCompute };                 // distributed.grad_dtype
 enum class DeviceKind { kAuto, kCpu, kCuda };             // device
 enum class PrecisionKind { kAuto, kFp32, kBf16, kFp16 };  // precision
+enum class KernelsKind { kAuto, kFused, kReference };     // model.kernels
 
 // The enum of a choice key's value; ConfigError naming the key and its values for anything else.
 template <class E>

@@ -2,6 +2,8 @@
 
 #include <torch/version.h>
 
+#include "kernels/FusedOps.h"
+
 #include <cmath>
 #include <limits>
 #include <stdexcept>
@@ -85,6 +87,17 @@ void check_inputs(const BertInputs& in) {
 
 }  // namespace
 
+// `auto` stays on the reference path until the fused step measures faster end to end (bench_fused_ops and
+// scripts/bench precision: on the Zen 5 of these machines the Philox attention-probs dropout and the bf16
+// LayerNorm backward are not yet faster than LibTorch's), so that no run gets slower by default.
+bool use_fused_kernels(const ModelConfig& cfg) {
+  if (cfg.kernels != "fused") return false;
+  if (!kernels::fused_available())
+    throw std::invalid_argument(
+        "BertForPretraining: model.kernels: fused is not built for this CPU (x86-64 only); use auto or reference");
+  return true;
+}
+
 torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options) {
   const auto& ids = in.attention_ids;
   const int64_t B = ids.size(0), L = ids.size(1);
@@ -101,7 +114,7 @@ torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& o
 }
 
 // ---------------------------------------------------------------------------------------------------------
-BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) : dropout(cfg.dropout), fused(use_fused_kernels(cfg)) {
   word_embeddings = register_module("word_embeddings", make_embedding(cfg.vocab_size, cfg.hidden));
   position_embeddings = register_module("position_embeddings", make_embedding(cfg.max_position, cfg.hidden));
   token_type_embeddings = register_module("token_type_embeddings", make_embedding(cfg.type_vocab_size, cfg.hidden));
@@ -112,11 +125,17 @@ torch::Tensor BertEmbeddingsImpl::forward(const BertInputs& in) {
   auto x = word_embeddings->forward(in.input_ids.reshape({-1}));
   x = x + position_embeddings->forward(in.position_ids.reshape({-1}));
   x.add_(token_type_embeddings->forward(in.segment_ids.reshape({-1})));
+  if (fused && x.is_cpu()) {
+    auto y =
+        kernels::bias_dropout_add_layer_norm(x, {}, {}, LayerNorm->weight, LayerNorm->bias, 0, false, kLayerNormEps);
+    return kernels::dropout(y, dropout, is_training());
+  }
   return apply_dropout(layer_norm(LayerNorm, x), dropout, is_training());
 }
 
 // ---------------------------------------------------------------------------------------------------------
-BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg) : heads(cfg.heads), dropout(cfg.dropout) {
+BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg)
+    : heads(cfg.heads), dropout(cfg.dropout), fused(use_fused_kernels(cfg)) {
   qkv = register_module("qkv", make_linear(cfg.hidden, 3 * cfg.hidden));
   output = register_module("output", make_linear(cfg.hidden, cfg.hidden));
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
@@ -129,11 +148,12 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   auto qkv_all = qkv->forward(x).view({rows, row_len, 3, heads, d}).permute({2, 0, 3, 1, 4});
   auto q = qkv_all[0], k = qkv_all[1], v = qkv_all[2];
   const double attn_p = is_training() ? dropout : 0.0;
+  const bool fuse = fused && x.is_cpu();
   torch::Tensor context;
 #if TORCH_VERSION_MAJOR >= 2
   // PyTorch 2.x: the fused kernel (flash / memory-efficient on CUDA, math elsewhere); same 1/sqrt(d) scale.
   // In bf16/fp16 the explicit path below keeps the softmax in fp32 whatever kernel would be picked.
-  if (!reduced(q)) context = at::scaled_dot_product_attention(q, k, v, bias, attn_p, /*is_causal=*/false);
+  if (!reduced(q) && !fuse) context = at::scaled_dot_product_attention(q, k, v, bias, attn_p, /*is_causal=*/false);
 #endif
   if (!context.defined()) {
     // Scale q ([B,h,L,d]) rather than the scores ([B,h,L,L]): fewer elements when L > d.
@@ -147,21 +167,31 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     } else {
       probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
     }
-    context = torch::matmul(apply_dropout(probs, attn_p, true), v);  // [B,h,L,d]
+    probs = fuse ? kernels::dropout(probs, attn_p, attn_p > 0) : apply_dropout(probs, attn_p, true);
+    context = torch::matmul(probs, v);  // [B,h,L,d]
   }
   auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
+  if (fuse)  // the projection without its bias; bias, dropout, residual and LayerNorm in one pass
+    return kernels::bias_dropout_add_layer_norm(torch::linear(merged, output->weight), output->bias, x,
+                                                LayerNorm->weight, LayerNorm->bias, dropout, is_training(),
+                                                kLayerNormEps);
   auto out = apply_dropout(output->forward(merged), dropout, is_training());
   return layer_norm(LayerNorm, out.add_(x));
 }
 
 // ---------------------------------------------------------------------------------------------------------
-BertFeedForwardImpl::BertFeedForwardImpl(const ModelConfig& cfg) : dropout(cfg.dropout) {
+BertFeedForwardImpl::BertFeedForwardImpl(const ModelConfig& cfg) : dropout(cfg.dropout), fused(use_fused_kernels(cfg)) {
   intermediate = register_module("intermediate", make_linear(cfg.hidden, cfg.intermediate));
   output = register_module("output", make_linear(cfg.intermediate, cfg.hidden));
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
 }
 
 torch::Tensor BertFeedForwardImpl::forward(const torch::Tensor& x) {
+  if (fused && x.is_cpu()) {
+    auto h = kernels::bias_gelu(torch::linear(x, intermediate->weight), intermediate->bias);
+    return kernels::bias_dropout_add_layer_norm(torch::linear(h, output->weight), output->bias, x, LayerNorm->weight,
+                                                LayerNorm->bias, dropout, is_training(), kLayerNormEps);
+  }
   auto h = torch::gelu(intermediate->forward(x));  // erf form (the default)
   auto out = apply_dropout(output->forward(h), dropout, is_training());
   return layer_norm(LayerNorm, out.add_(x));
@@ -178,14 +208,20 @@ torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor
 }
 
 // ---------------------------------------------------------------------------------------------------------
-BertMlmHeadImpl::BertMlmHeadImpl(const ModelConfig& cfg) {
+BertMlmHeadImpl::BertMlmHeadImpl(const ModelConfig& cfg) : fused(use_fused_kernels(cfg)) {
   transform = register_module("transform", make_linear(cfg.hidden, cfg.hidden));
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
   decoder_bias = register_parameter("decoder_bias", torch::zeros({cfg.vocab_size}));
 }
 
 torch::Tensor BertMlmHeadImpl::forward(const torch::Tensor& masked_hidden, const torch::Tensor& word_embeddings) {
-  auto h = layer_norm(LayerNorm, torch::gelu(transform->forward(masked_hidden)));
+  torch::Tensor h;
+  if (fused && masked_hidden.is_cpu())
+    h = kernels::bias_dropout_add_layer_norm(
+        kernels::bias_gelu(torch::linear(masked_hidden, transform->weight), transform->bias), {}, {}, LayerNorm->weight,
+        LayerNorm->bias, 0, false, kLayerNormEps);
+  else
+    h = layer_norm(LayerNorm, torch::gelu(transform->forward(masked_hidden)));
   return torch::linear(h, word_embeddings, decoder_bias);  // [M, vocab]
 }
 

@@ -24,6 +24,10 @@ struct BertOutputs {
 // (same nonzero attention id). Finite, so fully masked (padding) queries never produce NaN.
 torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options);
 
+// Whether model.kernels selects the fused CPU kernels (`fused`; `auto` is the reference path for now, see
+// BertModel.cpp). Throws invalid_argument for `fused` on a build without them.
+bool use_fused_kernels(const ModelConfig& cfg);
+
 // Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H].
 class BertEmbeddingsImpl : public torch::nn::Module {
  public:
@@ -35,6 +39,7 @@ class BertEmbeddingsImpl : public torch::nn::Module {
   torch::nn::Embedding token_type_embeddings{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
   double dropout = 0;
+  bool fused = false;  // kernels/FusedOps.h on CPU tensors
 };
 TORCH_MODULE(BertEmbeddings);
 
@@ -50,6 +55,7 @@ class BertAttentionImpl : public torch::nn::Module {
   torch::nn::LayerNorm LayerNorm{nullptr};
   int64_t heads = 0;
   double dropout = 0;
+  bool fused = false;  // kernels/FusedOps.h on CPU tensors
 };
 TORCH_MODULE(BertAttention);
 
@@ -63,6 +69,7 @@ class BertFeedForwardImpl : public torch::nn::Module {
   torch::nn::Linear output{nullptr};        // I -> H
   torch::nn::LayerNorm LayerNorm{nullptr};
   double dropout = 0;
+  bool fused = false;  // kernels/FusedOps.h on CPU tensors
 };
 TORCH_MODULE(BertFeedForward);
 
@@ -85,6 +92,7 @@ class BertMlmHeadImpl : public torch::nn::Module {
   torch::nn::Linear transform{nullptr};
   torch::nn::LayerNorm LayerNorm{nullptr};
   torch::Tensor decoder_bias;  // [vocab]
+  bool fused = false;
 };
 TORCH_MODULE(BertMlmHead);
 

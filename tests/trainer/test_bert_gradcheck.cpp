@@ -70,9 +70,11 @@ struct Objective {
   }
 };
 
-Objective make_objective(const BertInputs& in) {
+Objective make_objective(const BertInputs& in, const std::string& kernels = "reference") {
   torch::manual_seed(7);
-  Objective f{BertForPretraining(tiny_config()), in, {}, {}, {}, {}};
+  auto cfg = tiny_config();
+  cfg.kernels = kernels;
+  Objective f{BertForPretraining(cfg), in, {}, {}, {}, {}};
   f.model->to(torch::kDouble);
   f.model->train();  // dropout is 0: training mode must still be deterministic
   {
@@ -138,6 +140,17 @@ TEST(BertGradcheck, UnpackedMatchesFiniteDifferences) {
 
 TEST(BertGradcheck, PackedMatchesFiniteDifferences) {
   auto f = make_objective(packed_inputs());
+  for (const auto& name : kChecked) check_parameter(f, name);
+}
+
+// The same checks through the fused CPU kernels (kernels/FusedOps.h) in float64.
+TEST(BertGradcheck, FusedKernelsUnpackedMatchesFiniteDifferences) {
+  auto f = make_objective(unpacked_inputs(), "fused");
+  for (const auto& name : kChecked) check_parameter(f, name);
+}
+
+TEST(BertGradcheck, FusedKernelsPackedMatchesFiniteDifferences) {
+  auto f = make_objective(packed_inputs(), "fused");
   for (const auto& name : kChecked) check_parameter(f, name);
 }
 

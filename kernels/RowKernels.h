@@ -1,0 +1,79 @@
+// Internal to kernels/: the row kernels behind FusedOps, on raw pointers. Each is compiled for AVX-512
+// (x86-64-v4), AVX2+FMA and the baseline ISA from one body; the variant runs that this CPU supports, unless a
+// test forces a lower one. Storage is float, double or bf16 (uint16_t bits); arithmetic is float (double for
+// double). bf16 results are rounded to nearest even, as c10::BFloat16 does.
+#pragma once
+#include <cstdint>
+
+namespace bs::kernels {
+
+enum class Isa { kScalar, kAvx2, kAvx512 };
+const char* isa_name(Isa isa);
+Isa best_isa();                     // the best variant this CPU runs
+Isa active_isa();                   // the variant in use (best_isa unless forced)
+void force_isa(Isa isa);            // tests: run a lower variant; throws if the CPU lacks it
+
+template <class T>
+struct AccOf {
+  using type = float;
+};
+template <>
+struct AccOf<double> {
+  using type = double;
+};
+template <class T>
+using Acc = typename AccOf<T>::type;
+
+// One LayerNorm call's operands: y = LN(dropout(x + bias) + residual) over rows of `cols`.
+template <class T>
+struct LnArgs {
+  const T* x = nullptr;
+  const Acc<T>* bias = nullptr;   // [cols] or null
+  const T* residual = nullptr;    // or null
+  const Acc<T>* gamma = nullptr;  // [cols]
+  const Acc<T>* beta = nullptr;   // [cols]
+  const uint8_t* keep_bits = nullptr;  // dropout keep bits (Philox.h layout) or null: no dropout
+  Acc<T> keep_scale = 1;          // 1 / (1 - p)
+  Acc<T> eps = 1e-12;
+  int64_t cols = 0;
+  T* sum = nullptr;               // out [rows, cols]: dropout(x + bias) + residual (kept for backward)
+  T* y = nullptr;                 // out [rows, cols]
+  Acc<T>* mean = nullptr;         // out [rows]
+  Acc<T>* rstd = nullptr;         // out [rows]
+};
+
+template <class T>
+struct LnGradArgs {
+  const T* dy = nullptr;
+  const T* sum = nullptr;
+  const Acc<T>* mean = nullptr;
+  const Acc<T>* rstd = nullptr;
+  const Acc<T>* gamma = nullptr;
+  const uint8_t* keep_bits = nullptr;
+  Acc<T> keep_scale = 1;
+  int64_t cols = 0;
+  T* d_residual = nullptr;        // out: d sum
+  T* dx = nullptr;                // out: through the dropout
+  Acc<T>* dgamma = nullptr;       // accumulated [cols] (one partial per row chunk)
+  Acc<T>* dbeta = nullptr;
+  Acc<T>* dbias = nullptr;
+};
+
+// Rows [begin, end).
+template <class T>
+void bias_gelu_rows(const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t begin, int64_t end);
+template <class T>
+void bias_gelu_grad_rows(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols,
+                         int64_t begin, int64_t end);
+template <class T>
+void layer_norm_rows(const LnArgs<T>& a, int64_t begin, int64_t end);
+template <class T>
+void layer_norm_grad_rows(const LnGradArgs<T>& a, int64_t begin, int64_t end);
+// y = x * keep * scale (dropout with precomputed keep bits); used forward and backward.
+template <class T>
+void masked_scale_rows(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
+                       int64_t end);
+
+using Bf16 = uint16_t;
+
+}  // namespace bs::kernels

@@ -1,0 +1,236 @@
+// The fused CPU kernels against the operator-by-operator reference: Philox's published test vectors, the
+// dropout mask's rate and reproducibility, and forward and backward of each fused op on every ISA variant this
+// CPU runs: float64 against central finite differences, float32 against LibTorch's own operators, bf16 within
+// bf16 tolerances. Sizes are odd on purpose (not multiples of 8 or 16 lanes).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "kernels/FusedOps.h"
+#include "kernels/Philox.h"
+#include "kernels/RowKernels.h"
+
+namespace {
+
+namespace k = bs::kernels;
+using torch::Tensor;
+
+std::vector<k::Isa> runnable_isas() {
+  std::vector<k::Isa> out = {k::Isa::kScalar};
+  if (k::best_isa() != k::Isa::kScalar) out.push_back(k::Isa::kAvx2);
+  if (k::best_isa() == k::Isa::kAvx512) out.push_back(k::Isa::kAvx512);
+  return out;
+}
+
+struct IsaGuard {
+  explicit IsaGuard(k::Isa isa) { k::force_isa(isa); }
+  ~IsaGuard() { k::force_isa(k::best_isa()); }
+};
+
+// Random123's known-answer vectors for philox4x32 with 10 rounds.
+TEST(Philox, KnownAnswerVectors) {
+  EXPECT_EQ(k::philox4x32_10({0, 0, 0, 0}, 0, 0), (k::PhiloxWords{0x6627e8d5, 0xe169c58d, 0xbc57ac4c, 0x9b00dbd8}));
+  EXPECT_EQ(k::philox4x32_10({0xffffffff, 0xffffffff, 0xffffffff, 0xffffffff}, 0xffffffff, 0xffffffff),
+            (k::PhiloxWords{0x408f276d, 0x41c83b0e, 0xa20bc7c6, 0x6d5451fd}));
+  EXPECT_EQ(k::philox4x32_10({0x243f6a88, 0x85a308d3, 0x13198a2e, 0x03707344}, 0xa4093822, 0x299f31d0),
+            (k::PhiloxWords{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
+}
+
+TEST(PhiloxDropout, RateAndScaleAndSameMaskForTheSameGeneratorState) {
+  const auto x = torch::ones({301, 37});
+  torch::manual_seed(5);
+  const auto a = k::dropout(x, 0.1, true);
+  torch::manual_seed(5);
+  const auto b = k::dropout(x, 0.1, true);
+  EXPECT_TRUE(torch::equal(a, b));
+  const auto c = k::dropout(x, 0.1, true);  // the next key: another mask
+  EXPECT_FALSE(torch::equal(a, c));
+  const double kept = (a != 0).to(torch::kDouble).mean().item<double>();
+  EXPECT_NEAR(kept, 0.9, 0.01);  // 11,137 draws: 5 sigma is 0.0045
+  EXPECT_TRUE(torch::allclose(a.masked_select(a != 0), torch::full({1}, 1.0 / 0.9)));
+  EXPECT_TRUE(torch::equal(k::dropout(x, 0.1, false), x));
+}
+
+TEST(PhiloxDropout, MaskDoesNotDependOnThreadCount) {
+  const auto x = torch::randn({257, 129});
+  const int threads = torch::get_num_threads();
+  torch::set_num_threads(1);
+  torch::manual_seed(11);
+  const auto one = k::dropout(x, 0.3, true);
+  torch::set_num_threads(2);
+  torch::manual_seed(11);
+  const auto two = k::dropout(x, 0.3, true);
+  torch::set_num_threads(threads);
+  EXPECT_TRUE(torch::equal(one, two));
+}
+
+// Central differences of sum(f(inputs) * w) in float64 against autograd.
+void expect_gradients_match_finite_differences(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                               std::vector<Tensor> inputs, const std::string& what) {
+  for (auto& t : inputs) t = t.to(torch::kDouble).detach().requires_grad_(true);
+  const auto w = torch::randn_like(f(inputs).detach());
+  auto loss = (f(inputs) * w).sum();
+  const auto grads = torch::autograd::grad({loss}, inputs);
+  torch::NoGradGuard no_grad;
+  const double h = 1e-6;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    auto flat = inputs[i].view({-1});
+    auto g = grads[i].view({-1});
+    for (int64_t e = 0; e < flat.numel(); ++e) {
+      const double v = flat[e].item<double>();
+      flat[e] = v + h;
+      const double up = (f(inputs) * w).sum().item<double>();
+      flat[e] = v - h;
+      const double down = (f(inputs) * w).sum().item<double>();
+      flat[e] = v;
+      const double numeric = (up - down) / (2 * h);
+      ASSERT_NEAR(g[e].item<double>(), numeric, 1e-6 + 1e-5 * std::abs(numeric))
+          << what << ": input " << i << " element " << e;
+    }
+  }
+}
+
+TEST(FusedOps, BiasGeluGradientsMatchFiniteDifferencesInFloat64) {
+  torch::manual_seed(1);
+  for (auto isa : runnable_isas()) {
+    IsaGuard guard(isa);
+    expect_gradients_match_finite_differences(
+        [](const std::vector<Tensor>& in) { return k::bias_gelu(in[0], in[1]); },
+        {torch::randn({5, 19}) * 2, torch::randn({19})}, std::string("bias_gelu ") + k::isa_name(isa));
+    expect_gradients_match_finite_differences([](const std::vector<Tensor>& in) { return k::bias_gelu(in[0], {}); },
+                                              {torch::randn({3, 7})}, "gelu without bias");
+  }
+}
+
+TEST(FusedOps, LayerNormGradientsMatchFiniteDifferencesInFloat64WithAndWithoutDropout) {
+  torch::manual_seed(2);
+  for (double p : {0.0, 0.25}) {
+    // The same generator state before every call: the same mask for each finite difference.
+    auto f = [p](const std::vector<Tensor>& in) {
+      torch::manual_seed(99);
+      return k::bias_dropout_add_layer_norm(in[0], in[1], in[2], in[3], in[4], p, true, 1e-12);
+    };
+    expect_gradients_match_finite_differences(
+        f, {torch::randn({6, 21}), torch::randn({21}), torch::randn({6, 21}), torch::randn({21}), torch::randn({21})},
+        "layer norm p=" + std::to_string(p));
+  }
+  expect_gradients_match_finite_differences(
+      [](const std::vector<Tensor>& in) {
+        return k::bias_dropout_add_layer_norm(in[0], {}, {}, in[1], in[2], 0, false, 1e-12);
+      },
+      {torch::randn({4, 9}), torch::randn({9}), torch::randn({9})}, "plain layer norm");
+}
+
+// Forward and every gradient of the fused op against the reference built from LibTorch's operators.
+void expect_close(const std::vector<Tensor>& got, const std::vector<Tensor>& want, double rtol, double atol,
+                  const std::string& what) {
+  ASSERT_EQ(got.size(), want.size());
+  for (std::size_t i = 0; i < got.size(); ++i) {
+    const auto g = got[i].to(torch::kDouble), w = want[i].to(torch::kDouble);
+    const double err = ((g - w).abs() - rtol * w.abs()).max().item<double>();
+    EXPECT_LE(err, atol) << what << ": output/gradient " << i << " max |got - want| "
+                         << (g - w).abs().max().item<double>();
+  }
+}
+
+std::vector<Tensor> run_with_grads(const std::function<Tensor(const std::vector<Tensor>&)>& f,
+                                   const std::vector<Tensor>& inputs, const Tensor& dy) {
+  std::vector<Tensor> leaves;
+  for (const auto& t : inputs) leaves.push_back(t.detach().requires_grad_(true));
+  auto y = f(leaves);
+  y.backward(dy.to(y.scalar_type()));
+  std::vector<Tensor> out = {y.detach()};
+  for (auto& l : leaves) out.push_back(l.grad());
+  return out;
+}
+
+TEST(FusedOps, BiasGeluMatchesLibTorchInFloat32AndBf16OnEveryIsa) {
+  torch::manual_seed(3);
+  for (auto shape : {std::vector<int64_t>{37, 131}, std::vector<int64_t>{2, 3, 1025}}) {
+    const auto x = torch::randn(shape) * 3, b = torch::randn({shape.back()}), dy = torch::randn(shape);
+    auto reference = [](const std::vector<Tensor>& in) { return torch::gelu(in[0] + in[1]); };
+    const auto want = run_with_grads(reference, {x, b}, dy);
+    for (auto isa : runnable_isas()) {
+      IsaGuard guard(isa);
+      auto fused = [](const std::vector<Tensor>& in) { return k::bias_gelu(in[0], in[1]); };
+      expect_close(run_with_grads(fused, {x, b}, dy), want, 1e-5, 1e-5, std::string("fp32 ") + k::isa_name(isa));
+      // bf16 in and out: one bf16 rounding of the result (2^-8 relative), the bias gradient summed in float.
+      const auto bx = x.to(torch::kBFloat16), bb = b.to(torch::kBFloat16);
+      const auto want16 = run_with_grads(reference, {bx.to(torch::kFloat), bb.to(torch::kFloat)}, dy.to(torch::kBFloat16).to(torch::kFloat));
+      const auto got16 = run_with_grads(fused, {bx, bb}, dy);
+      expect_close({got16[0], got16[1]}, {want16[0], want16[1]}, 8e-3, 1e-3, std::string("bf16 ") + k::isa_name(isa));
+      expect_close({got16[2]}, {want16[2]}, 2e-2, 0.05 * std::sqrt(double(x.numel() / shape.back())),
+                   std::string("bf16 dbias ") + k::isa_name(isa));
+    }
+  }
+}
+
+// LayerNorm(dropout(x + b) + residual) from LibTorch's operators, the dropout mask taken from kernels::dropout
+// of ones under the same generator state (the same key, so the same bits).
+Tensor reference_ln(const std::vector<Tensor>& in, double p, uint64_t seed) {
+  Tensor h = in[0] + in[1];
+  if (p > 0) {
+    torch::manual_seed(seed);
+    const auto mask = k::dropout(torch::ones(h.sizes(), h.options().dtype(torch::kFloat).requires_grad(false)), p, true);
+    h = h * mask.to(h.scalar_type());
+  }
+  return torch::layer_norm(h + in[2], {h.size(-1)}, in[3], in[4], 1e-12);
+}
+
+TEST(FusedOps, ResidualDropoutLayerNormMatchesLibTorchInFloat32AndBf16OnEveryIsa) {
+  torch::manual_seed(4);
+  for (double p : {0.0, 0.1}) {
+    for (auto shape : {std::vector<int64_t>{67, 257}, std::vector<int64_t>{3, 5, 19}}) {
+      const int64_t C = shape.back();
+      std::vector<Tensor> in = {torch::randn(shape), torch::randn({C}) * 0.1, torch::randn(shape),
+                                1 + 0.1 * torch::randn({C}), 0.1 * torch::randn({C})};
+      const auto dy = torch::randn(shape);
+      const auto want = run_with_grads([p](const std::vector<Tensor>& t) { return reference_ln(t, p, 7); }, in, dy);
+      for (auto isa : runnable_isas()) {
+        IsaGuard guard(isa);
+        auto fused = [p](const std::vector<Tensor>& t) {
+          torch::manual_seed(7);
+          return k::bias_dropout_add_layer_norm(t[0], t[1], t[2], t[3], t[4], p, true, 1e-12);
+        };
+        const std::string what = std::string(k::isa_name(isa)) + " p=" + std::to_string(p) + " C=" + std::to_string(C);
+        expect_close(run_with_grads(fused, in, dy), want, 1e-4, 1e-4, "fp32 " + what);
+        std::vector<Tensor> in16;
+        for (const auto& t : in) in16.push_back(t.to(torch::kBFloat16));
+        std::vector<Tensor> in16f;
+        for (const auto& t : in16) in16f.push_back(t.to(torch::kFloat));
+        const auto want16 = run_with_grads([p](const std::vector<Tensor>& t) { return reference_ln(t, p, 7); }, in16f,
+                                           dy.to(torch::kBFloat16).to(torch::kFloat));
+        const auto got16 = run_with_grads(fused, in16, dy);
+        // The fused op rounds the residual sum to bf16 before the statistics (as the reference model's bf16
+        // add does): ~2^-8 relative on each element, ~1e-2 on the normalised output.
+        expect_close({got16[0], got16[1], got16[3]}, {want16[0], want16[1], want16[3]}, 2e-2, 3e-2, "bf16 " + what);
+        const double rows = static_cast<double>(in[0].numel() / C);
+        expect_close({got16[2], got16[4], got16[5]}, {want16[2], want16[4], want16[5]}, 3e-2, 0.03 * std::sqrt(rows),
+                     "bf16 param grads " + what);
+      }
+    }
+  }
+}
+
+TEST(FusedOps, ForcingAnIsaTheCpuLacksIsRefused) {
+  if (k::best_isa() == k::Isa::kAvx512) GTEST_SKIP() << "this CPU runs every variant";
+  EXPECT_THROW(k::force_isa(k::Isa::kAvx512), std::invalid_argument);
+}
+
+TEST(FusedOps, BadInputsAreRefusedNamingTheOp) {
+  try {
+    k::bias_gelu(torch::randn({2, 3}).to(torch::kInt), {});
+    FAIL() << "int input accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("bias_gelu"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(k::bias_dropout_add_layer_norm(torch::randn({2, 3}), {}, {}, torch::ones({4}), torch::zeros({4}), 0,
+                                              false, 1e-12),
+               std::invalid_argument);
+  EXPECT_THROW(k::dropout(torch::randn({2, 3}), 1.0, true), std::invalid_argument);
+}
+
+}  // namespace
