@@ -22,7 +22,8 @@ double seconds_per_call(const std::function<void()>& f, int reps) {
 }
 
 // forward + backward of f on fresh leaves.
-std::function<void()> fwd_bwd(std::vector<torch::Tensor> in, std::function<torch::Tensor(std::vector<torch::Tensor>&)> f) {
+std::function<void()> fwd_bwd(std::vector<torch::Tensor> in,
+                              std::function<torch::Tensor(std::vector<torch::Tensor>&)> f) {
   for (auto& t : in) t.requires_grad_(true);
   return [in, f]() mutable {
     for (auto& t : in) t.mutable_grad() = torch::Tensor();
@@ -56,14 +57,17 @@ int main(int argc, char** argv) {
       };
       std::vector<Case> cases = {
           {"bias+dropout+residual+layernorm",
-           fwd_bwd({x, b, r, g, be}, [](std::vector<torch::Tensor>& t) {
-             auto h = torch::dropout(t[0] + t[1], 0.1, true).add_(t[2]);
-             return torch::layer_norm(h.to(torch::kFloat), {h.size(1)}, t[3].to(torch::kFloat), t[4].to(torch::kFloat),
-                                      1e-12).to(h.scalar_type());
-           }),
-           fwd_bwd({x, b, r, g, be}, [](std::vector<torch::Tensor>& t) {
-             return bs::kernels::bias_dropout_add_layer_norm(t[0], t[1], t[2], t[3], t[4], 0.1, true, 1e-12);
-           })},
+           fwd_bwd({x, b, r, g, be},
+                   [](std::vector<torch::Tensor>& t) {
+                     auto h = torch::dropout(t[0] + t[1], 0.1, true).add_(t[2]);
+                     return torch::layer_norm(h.to(torch::kFloat), {h.size(1)}, t[3].to(torch::kFloat),
+                                              t[4].to(torch::kFloat), 1e-12)
+                         .to(h.scalar_type());
+                   }),
+           fwd_bwd({x, b, r, g, be},
+                   [](std::vector<torch::Tensor>& t) {
+                     return bs::kernels::bias_dropout_add_layer_norm(t[0], t[1], t[2], t[3], t[4], 0.1, true, 1e-12);
+                   })},
           {"bias+gelu", fwd_bwd({xi, bi}, [](std::vector<torch::Tensor>& t) { return torch::gelu(t[0] + t[1]); }),
            fwd_bwd({xi, bi}, [](std::vector<torch::Tensor>& t) { return bs::kernels::bias_gelu(t[0], t[1]); })},
           {"attention-probs dropout",
@@ -72,9 +76,10 @@ int main(int argc, char** argv) {
       };
       for (auto& c : cases) {
         const double ref = seconds_per_call(c.reference, reps), fused = seconds_per_call(c.fused, reps);
-        std::printf("{\"op\": \"%s\", \"dtype\": \"%s\", \"hidden\": %lld, \"reference_ms\": %.3f, \"fused_ms\": %.3f, "
-                    "\"speedup\": %.2f}\n",
-                    c.name.c_str(), dt, static_cast<long long>(H), ref * 1e3, fused * 1e3, ref / fused);
+        std::printf(
+            "{\"op\": \"%s\", \"dtype\": \"%s\", \"hidden\": %lld, \"reference_ms\": %.3f, \"fused_ms\": %.3f, "
+            "\"speedup\": %.2f}\n",
+            c.name.c_str(), dt, static_cast<long long>(H), ref * 1e3, fused * 1e3, ref / fused);
         std::fflush(stdout);
       }
     }

@@ -34,10 +34,10 @@ void check_input(const Tensor& x, const char* op) {
 }
 
 // Parameters (gamma, beta, bias) in the kernels' arithmetic type: float, or double for double input.
-torch::ScalarType acc_type(const Tensor& x) { return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat; }
-Tensor as_acc(const Tensor& p, const Tensor& x) {
-  return p.defined() ? p.to(acc_type(x)).contiguous() : Tensor();
+torch::ScalarType acc_type(const Tensor& x) {
+  return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
+Tensor as_acc(const Tensor& p, const Tensor& x) { return p.defined() ? p.to(acc_type(x)).contiguous() : Tensor(); }
 
 template <class F>
 void for_chunks(int64_t rows, F&& f) {

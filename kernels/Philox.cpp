@@ -20,7 +20,8 @@ void dropout_keep_bits(uint64_t key, uint32_t threshold, int64_t row_begin, int6
     const int64_t end = e + cols;
     while (e < end) {
       const auto block = static_cast<uint64_t>(e) >> 2;
-      const PhiloxWords w = philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0}, k0, k1);
+      const PhiloxWords w =
+          philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0}, k0, k1);
       for (int lane = static_cast<int>(e & 3); lane < 4 && e < end; ++lane, ++e) {
         const int64_t c = e - r * cols;
         if (w[lane] >= threshold) out[c >> 3] |= static_cast<uint8_t>(1u << (c & 7));

@@ -87,8 +87,8 @@ BS_INLINE void bias_gelu_body(const T* x, const Acc<T>* bias, T* y, int64_t cols
 }
 
 template <class T>
-BS_INLINE void bias_gelu_grad_body(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias,
-                                   int64_t cols, int64_t begin, int64_t end) {
+BS_INLINE void bias_gelu_grad_body(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols,
+                                   int64_t begin, int64_t end) {
   using A = Acc<T>;
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = x + r * cols;
@@ -135,10 +135,12 @@ BS_INLINE void layer_norm_body(const LnArgs<T>& a, int64_t begin, int64_t end) {
     }
     // Statistics of the stored (rounded) sum: backward sees exactly what forward normalised.
     const A mean = row_sum<T>(C, [&](int64_t c) { return load(sr[c]); }) / A(C);
-    const A var = row_sum<T>(C, [&](int64_t c) {
-                    const A d = load(sr[c]) - mean;
-                    return d * d;
-                  }) / A(C);
+    const A var = row_sum<T>(C,
+                             [&](int64_t c) {
+                               const A d = load(sr[c]) - mean;
+                               return d * d;
+                             }) /
+                  A(C);
     const A rstd = A(1) / std::sqrt(var + a.eps);
     a.mean[r] = mean;
     a.rstd[r] = rstd;
@@ -156,9 +158,8 @@ BS_INLINE void layer_norm_grad_body(const LnGradArgs<T>& a, int64_t begin, int64
     const T* sr = a.sum + r * C;
     const A mean = a.mean[r], rstd = a.rstd[r];
     const A g1 = row_sum<T>(C, [&](int64_t c) { return load(dyr[c]) * a.gamma[c]; }) / A(C);
-    const A g2 = row_sum<T>(C, [&](int64_t c) {
-                   return load(dyr[c]) * a.gamma[c] * (load(sr[c]) - mean) * rstd;
-                 }) / A(C);
+    const A g2 =
+        row_sum<T>(C, [&](int64_t c) { return load(dyr[c]) * a.gamma[c] * (load(sr[c]) - mean) * rstd; }) / A(C);
     const uint8_t* bits = a.keep_bits ? a.keep_bits + r * ((C + 7) / 8) : nullptr;
     T* dres = a.d_residual ? a.d_residual + r * C : nullptr;
     T* dxr = a.dx + r * C;
@@ -177,45 +178,52 @@ BS_INLINE void layer_norm_grad_body(const LnGradArgs<T>& a, int64_t begin, int64
 }
 
 template <class T>
-BS_INLINE void masked_scale_body(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols,
-                                 int64_t begin, int64_t end) {
+BS_INLINE void masked_scale_body(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
+                                 int64_t end) {
   using A = Acc<T>;
   const int64_t row_bytes = (cols + 7) / 8;
   for (int64_t r = begin; r < end; ++r) {
     const uint8_t* bits = keep_bits + r * row_bytes;
-    for (int64_t c = 0; c < cols; ++c)
-      store(y + r * cols + c, kept(bits, c) ? load(x[r * cols + c]) * scale : A(0));
+    for (int64_t c = 0; c < cols; ++c) store(y + r * cols + c, kept(bits, c) ? load(x[r * cols + c]) * scale : A(0));
   }
 }
 
 // The three variants of each body, and a dispatch on the active ISA (the baseline only off x86-64).
 #if defined(__x86_64__)
-#define BS_VARIANTS(NAME, BODY, PARAMS, ARGS)                                          \
-  template <class T>                                                                    \
-  __attribute__((target("arch=x86-64-v4"))) void NAME##_avx512 PARAMS { BODY<T> ARGS; } \
-  template <class T>                                                                    \
-  __attribute__((target("avx2,fma"))) void NAME##_avx2 PARAMS { BODY<T> ARGS; }         \
-  template <class T>                                                                    \
-  void NAME##_scalar PARAMS { BODY<T> ARGS; }
+#define BS_VARIANTS(NAME, BODY, PARAMS, ARGS)                           \
+  template <class T>                                                    \
+  __attribute__((target("arch=x86-64-v4"))) void NAME##_avx512 PARAMS { \
+    BODY<T> ARGS;                                                       \
+  }                                                                     \
+  template <class T>                                                    \
+  __attribute__((target("avx2,fma"))) void NAME##_avx2 PARAMS {         \
+    BODY<T> ARGS;                                                       \
+  }                                                                     \
+  template <class T>                                                    \
+  void NAME##_scalar PARAMS {                                           \
+    BODY<T> ARGS;                                                       \
+  }
 
-#define BS_DISPATCH(NAME, ARGS)                                      \
-  if constexpr (!std::is_same_v<T, double>) {                        \
-    switch (active_isa()) {                                          \
-      case Isa::kAvx512: return NAME##_avx512<T> ARGS;               \
-      case Isa::kAvx2: return NAME##_avx2<T> ARGS;                   \
-      case Isa::kScalar: break;                                      \
-    }                                                                \
-  }                                                                  \
+#define BS_DISPATCH(NAME, ARGS)                        \
+  if constexpr (!std::is_same_v<T, double>) {          \
+    switch (active_isa()) {                            \
+      case Isa::kAvx512: return NAME##_avx512<T> ARGS; \
+      case Isa::kAvx2: return NAME##_avx2<T> ARGS;     \
+      case Isa::kScalar: break;                        \
+    }                                                  \
+  }                                                    \
   return NAME##_scalar<T> ARGS;
 #else
 #define BS_VARIANTS(NAME, BODY, PARAMS, ARGS) \
   template <class T>                          \
-  void NAME##_scalar PARAMS { BODY<T> ARGS; }
+  void NAME##_scalar PARAMS {                 \
+    BODY<T> ARGS;                             \
+  }
 #define BS_DISPATCH(NAME, ARGS) return NAME##_scalar<T> ARGS;
 #endif
 
-BS_VARIANTS(gelu, bias_gelu_body,
-            (const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t b, int64_t e), (x, bias, y, cols, b, e))
+BS_VARIANTS(gelu, bias_gelu_body, (const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t b, int64_t e),
+            (x, bias, y, cols, b, e))
 BS_VARIANTS(gelu_grad, bias_gelu_grad_body,
             (const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* db, int64_t cols, int64_t b, int64_t e),
             (dy, x, bias, dx, db, cols, b, e))
@@ -244,8 +252,8 @@ Isa best_isa() {
     return Isa::kScalar;
 #else
     __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
-        __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd"))
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("avx512dq") && __builtin_cpu_supports("avx512cd"))
       return Isa::kAvx512;
     if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
     return Isa::kScalar;
@@ -271,8 +279,8 @@ void bias_gelu_rows(const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t 
   BS_DISPATCH(gelu, (x, bias, y, cols, begin, end))
 }
 template <class T>
-void bias_gelu_grad_rows(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols,
-                         int64_t begin, int64_t end) {
+void bias_gelu_grad_rows(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols, int64_t begin,
+                         int64_t end) {
   BS_DISPATCH(gelu_grad, (dy, x, bias, dx, dbias, cols, begin, end))
 }
 template <class T>
@@ -285,19 +293,14 @@ void layer_norm_grad_rows(const LnGradArgs<T>& a, int64_t begin, int64_t end) {
 }
 template <class T>
 void masked_scale_rows(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
-                       int64_t end) {
-  BS_DISPATCH(mscale, (x, keep_bits, scale, y, cols, begin, end))
-}
+                       int64_t end){BS_DISPATCH(mscale, (x, keep_bits, scale, y, cols, begin, end))}
 
-#define BS_INSTANTIATE(T)                                                                                   \
-  template void bias_gelu_rows<T>(const T*, const Acc<T>*, T*, int64_t, int64_t, int64_t);                  \
-  template void bias_gelu_grad_rows<T>(const T*, const T*, const Acc<T>*, T*, Acc<T>*, int64_t, int64_t,    \
-                                       int64_t);                                                            \
-  template void layer_norm_rows<T>(const LnArgs<T>&, int64_t, int64_t);                                     \
-  template void layer_norm_grad_rows<T>(const LnGradArgs<T>&, int64_t, int64_t);                            \
+#define BS_INSTANTIATE(T)                                                                                          \
+  template void bias_gelu_rows<T>(const T*, const Acc<T>*, T*, int64_t, int64_t, int64_t);                         \
+  template void bias_gelu_grad_rows<T>(const T*, const T*, const Acc<T>*, T*, Acc<T>*, int64_t, int64_t, int64_t); \
+  template void layer_norm_rows<T>(const LnArgs<T>&, int64_t, int64_t);                                            \
+  template void layer_norm_grad_rows<T>(const LnGradArgs<T>&, int64_t, int64_t);                                   \
   template void masked_scale_rows<T>(const T*, const uint8_t*, Acc<T>, T*, int64_t, int64_t, int64_t);
-BS_INSTANTIATE(float)
-BS_INSTANTIATE(double)
-BS_INSTANTIATE(Bf16)
+BS_INSTANTIATE(float) BS_INSTANTIATE(double) BS_INSTANTIATE(Bf16)
 
 }  // namespace bs::kernels

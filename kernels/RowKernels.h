@@ -9,9 +9,9 @@ namespace bs::kernels {
 
 enum class Isa { kScalar, kAvx2, kAvx512 };
 const char* isa_name(Isa isa);
-Isa best_isa();                     // the best variant this CPU runs
-Isa active_isa();                   // the variant in use (best_isa unless forced)
-void force_isa(Isa isa);            // tests: run a lower variant; throws if the CPU lacks it
+Isa best_isa();           // the best variant this CPU runs
+Isa active_isa();         // the variant in use (best_isa unless forced)
+void force_isa(Isa isa);  // tests: run a lower variant; throws if the CPU lacks it
 
 template <class T>
 struct AccOf {
@@ -28,18 +28,18 @@ using Acc = typename AccOf<T>::type;
 template <class T>
 struct LnArgs {
   const T* x = nullptr;
-  const Acc<T>* bias = nullptr;   // [cols] or null
-  const T* residual = nullptr;    // or null
-  const Acc<T>* gamma = nullptr;  // [cols]
-  const Acc<T>* beta = nullptr;   // [cols]
+  const Acc<T>* bias = nullptr;        // [cols] or null
+  const T* residual = nullptr;         // or null
+  const Acc<T>* gamma = nullptr;       // [cols]
+  const Acc<T>* beta = nullptr;        // [cols]
   const uint8_t* keep_bits = nullptr;  // dropout keep bits (Philox.h layout) or null: no dropout
-  Acc<T> keep_scale = 1;          // 1 / (1 - p)
+  Acc<T> keep_scale = 1;               // 1 / (1 - p)
   Acc<T> eps = 1e-12;
   int64_t cols = 0;
-  T* sum = nullptr;               // out [rows, cols]: dropout(x + bias) + residual (kept for backward)
-  T* y = nullptr;                 // out [rows, cols]
-  Acc<T>* mean = nullptr;         // out [rows]
-  Acc<T>* rstd = nullptr;         // out [rows]
+  T* sum = nullptr;        // out [rows, cols]: dropout(x + bias) + residual (kept for backward)
+  T* y = nullptr;          // out [rows, cols]
+  Acc<T>* mean = nullptr;  // out [rows]
+  Acc<T>* rstd = nullptr;  // out [rows]
 };
 
 template <class T>
@@ -52,9 +52,9 @@ struct LnGradArgs {
   const uint8_t* keep_bits = nullptr;
   Acc<T> keep_scale = 1;
   int64_t cols = 0;
-  T* d_residual = nullptr;        // out: d sum
-  T* dx = nullptr;                // out: through the dropout
-  Acc<T>* dgamma = nullptr;       // accumulated [cols] (one partial per row chunk)
+  T* d_residual = nullptr;   // out: d sum
+  T* dx = nullptr;           // out: through the dropout
+  Acc<T>* dgamma = nullptr;  // accumulated [cols] (one partial per row chunk)
   Acc<T>* dbeta = nullptr;
   Acc<T>* dbias = nullptr;
 };
@@ -63,8 +63,8 @@ struct LnGradArgs {
 template <class T>
 void bias_gelu_rows(const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t begin, int64_t end);
 template <class T>
-void bias_gelu_grad_rows(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols,
-                         int64_t begin, int64_t end);
+void bias_gelu_grad_rows(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols, int64_t begin,
+                         int64_t end);
 template <class T>
 void layer_norm_rows(const LnArgs<T>& a, int64_t begin, int64_t end);
 template <class T>

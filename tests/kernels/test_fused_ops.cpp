@@ -97,9 +97,9 @@ TEST(FusedOps, BiasGeluGradientsMatchFiniteDifferencesInFloat64) {
   torch::manual_seed(1);
   for (auto isa : runnable_isas()) {
     IsaGuard guard(isa);
-    expect_gradients_match_finite_differences(
-        [](const std::vector<Tensor>& in) { return k::bias_gelu(in[0], in[1]); },
-        {torch::randn({5, 19}) * 2, torch::randn({19})}, std::string("bias_gelu ") + k::isa_name(isa));
+    expect_gradients_match_finite_differences([](const std::vector<Tensor>& in) { return k::bias_gelu(in[0], in[1]); },
+                                              {torch::randn({5, 19}) * 2, torch::randn({19})},
+                                              std::string("bias_gelu ") + k::isa_name(isa));
     expect_gradients_match_finite_differences([](const std::vector<Tensor>& in) { return k::bias_gelu(in[0], {}); },
                                               {torch::randn({3, 7})}, "gelu without bias");
   }
@@ -159,7 +159,8 @@ TEST(FusedOps, BiasGeluMatchesLibTorchInFloat32AndBf16OnEveryIsa) {
       expect_close(run_with_grads(fused, {x, b}, dy), want, 1e-5, 1e-5, std::string("fp32 ") + k::isa_name(isa));
       // bf16 in and out: one bf16 rounding of the result (2^-8 relative), the bias gradient summed in float.
       const auto bx = x.to(torch::kBFloat16), bb = b.to(torch::kBFloat16);
-      const auto want16 = run_with_grads(reference, {bx.to(torch::kFloat), bb.to(torch::kFloat)}, dy.to(torch::kBFloat16).to(torch::kFloat));
+      const auto want16 = run_with_grads(reference, {bx.to(torch::kFloat), bb.to(torch::kFloat)},
+                                         dy.to(torch::kBFloat16).to(torch::kFloat));
       const auto got16 = run_with_grads(fused, {bx, bb}, dy);
       expect_close({got16[0], got16[1]}, {want16[0], want16[1]}, 8e-3, 1e-3, std::string("bf16 ") + k::isa_name(isa));
       expect_close({got16[2]}, {want16[2]}, 2e-2, 0.05 * std::sqrt(double(x.numel() / shape.back())),
@@ -174,7 +175,8 @@ Tensor reference_ln(const std::vector<Tensor>& in, double p, uint64_t seed) {
   Tensor h = in[0] + in[1];
   if (p > 0) {
     torch::manual_seed(seed);
-    const auto mask = k::dropout(torch::ones(h.sizes(), h.options().dtype(torch::kFloat).requires_grad(false)), p, true);
+    const auto mask =
+        k::dropout(torch::ones(h.sizes(), h.options().dtype(torch::kFloat).requires_grad(false)), p, true);
     h = h * mask.to(h.scalar_type());
   }
   return torch::layer_norm(h + in[2], {h.size(-1)}, in[3], in[4], 1e-12);
