@@ -20,6 +20,7 @@ using torch::autograd::variable_list;
 // Fixed row chunks: the partial sums of dgamma/dbeta/dbias are per chunk and added in chunk order, so the
 // gradients do not depend on how at::parallel_for splits the work.
 constexpr int64_t kRowChunk = 32;
+int64_t chunk_count(int64_t rows) { return (rows + kRowChunk - 1) / kRowChunk; }
 
 void check(bool ok, const std::string& what) {
   if (!ok) throw std::invalid_argument("kernels: " + what);
@@ -41,7 +42,7 @@ Tensor as_acc(const Tensor& p, const Tensor& x) { return p.defined() ? p.to(acc_
 
 template <class F>
 void for_chunks(int64_t rows, F&& f) {
-  const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+  const int64_t chunks = chunk_count(rows);
   at::parallel_for(0, chunks, 1, [&](int64_t c0, int64_t c1) {
     for (int64_t c = c0; c < c1; ++c) f(c, c * kRowChunk, std::min(rows, (c + 1) * kRowChunk));
   });
@@ -67,7 +68,7 @@ uint64_t draw_key() {
 
 // Keep bits [rows, ceil(C/8)] for drop probability p.
 Tensor keep_bits(int64_t rows, int64_t cols, double p) {
-  auto bits = torch::empty({rows, (cols + 7) / 8}, torch::kUInt8);
+  auto bits = torch::empty({rows, keep_bytes_per_row(cols)}, torch::kUInt8);
   const uint64_t key = draw_key();
   const uint32_t threshold = dropout_threshold(p);
   auto* out = bits.data_ptr<uint8_t>();
@@ -106,7 +107,7 @@ struct BiasGelu : torch::autograd::Function<BiasGelu> {
     const int64_t C = x.size(-1), rows = x.numel() / C;
     const Tensor b = as_acc(bias, x);
     Tensor dx = torch::empty_like(x);
-    const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+    const int64_t chunks = chunk_count(rows);
     Tensor partial = bias.defined() ? torch::zeros({chunks, C}, x.options().dtype(acc_type(x))) : Tensor();
     with_dtype(x.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
@@ -167,7 +168,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
     const bool has_bias = ctx->saved_data["has_bias"].toBool(), has_res = ctx->saved_data["has_residual"].toBool();
     const Tensor dy = grads[0].contiguous();
     const int64_t C = sum.size(-1), rows = sum.numel() / C;
-    const int64_t chunks = (rows + kRowChunk - 1) / kRowChunk;
+    const int64_t chunks = chunk_count(rows);
     const Tensor g = as_acc(gamma, sum);
     const auto acc_opts = sum.options().dtype(acc_type(sum));
     Tensor dgamma = torch::zeros({chunks, C}, acc_opts), dbeta = torch::zeros({chunks, C}, acc_opts);

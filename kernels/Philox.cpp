@@ -11,7 +11,7 @@ uint32_t dropout_threshold(double p) {
 
 void dropout_keep_bits(uint64_t key, uint32_t threshold, int64_t row_begin, int64_t row_end, int64_t cols,
                        uint8_t* bits) {
-  const int64_t row_bytes = (cols + 7) / 8;
+  const int64_t row_bytes = keep_bytes_per_row(cols);
   const auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
   for (int64_t r = row_begin; r < row_end; ++r) {
     uint8_t* out = bits + r * row_bytes;

@@ -30,6 +30,9 @@ inline PhiloxWords philox4x32_10(PhiloxWords ctr, uint32_t key0, uint32_t key1) 
 void dropout_keep_bits(uint64_t key, uint32_t threshold, int64_t row_begin, int64_t row_end, int64_t cols,
                        uint8_t* bits);
 
+// Bytes per row of that layout.
+constexpr int64_t keep_bytes_per_row(int64_t cols) { return (cols + 7) / 8; }
+
 // The threshold for drop probability p in [0, 1).
 uint32_t dropout_threshold(double p);
 

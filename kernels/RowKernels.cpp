@@ -4,6 +4,8 @@
 // order the same on every ISA and thread count.
 #include "kernels/RowKernels.h"
 
+#include "kernels/Philox.h"
+
 #include <atomic>
 #include <cmath>
 #include <stdexcept>
@@ -126,7 +128,7 @@ BS_INLINE void layer_norm_body(const LnArgs<T>& a, int64_t begin, int64_t end) {
   for (int64_t r = begin; r < end; ++r) {
     const T* xr = a.x + r * C;
     const T* res = a.residual ? a.residual + r * C : nullptr;
-    const uint8_t* bits = a.keep_bits ? a.keep_bits + r * ((C + 7) / 8) : nullptr;
+    const uint8_t* bits = a.keep_bits ? a.keep_bits + r * keep_bytes_per_row(C) : nullptr;
     T* sr = a.sum + r * C;
     for (int64_t c = 0; c < C; ++c) {
       A h = load(xr[c]) + (a.bias ? a.bias[c] : A(0));
@@ -160,7 +162,7 @@ BS_INLINE void layer_norm_grad_body(const LnGradArgs<T>& a, int64_t begin, int64
     const A g1 = row_sum<T>(C, [&](int64_t c) { return load(dyr[c]) * a.gamma[c]; }) / A(C);
     const A g2 =
         row_sum<T>(C, [&](int64_t c) { return load(dyr[c]) * a.gamma[c] * (load(sr[c]) - mean) * rstd; }) / A(C);
-    const uint8_t* bits = a.keep_bits ? a.keep_bits + r * ((C + 7) / 8) : nullptr;
+    const uint8_t* bits = a.keep_bits ? a.keep_bits + r * keep_bytes_per_row(C) : nullptr;
     T* dres = a.d_residual ? a.d_residual + r * C : nullptr;
     T* dxr = a.dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
@@ -181,7 +183,7 @@ template <class T>
 BS_INLINE void masked_scale_body(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
                                  int64_t end) {
   using A = Acc<T>;
-  const int64_t row_bytes = (cols + 7) / 8;
+  const int64_t row_bytes = keep_bytes_per_row(cols);
   for (int64_t r = begin; r < end; ++r) {
     const uint8_t* bits = keep_bits + r * row_bytes;
     for (int64_t c = 0; c < cols; ++c) store(y + r * cols + c, kept(bits, c) ? load(x[r * cols + c]) * scale : A(0));

@@ -2,6 +2,7 @@
 
 #include <torch/version.h>
 
+#include "common/Choices.h"
 #include "kernels/FusedOps.h"
 
 #include <cmath>
@@ -91,7 +92,7 @@ void check_inputs(const BertInputs& in) {
 // scripts/bench precision: on the Zen 5 of these machines the Philox attention-probs dropout and the bf16
 // LayerNorm backward are not yet faster than LibTorch's), so that no run gets slower by default.
 bool use_fused_kernels(const ModelConfig& cfg) {
-  if (cfg.kernels != "fused") return false;
+  if (parse_choice<KernelsKind>(cfg.kernels) != KernelsKind::kFused) return false;
   if (!kernels::fused_available())
     throw std::invalid_argument(
         "BertForPretraining: model.kernels: fused is not built for this CPU (x86-64 only); use auto or reference");
