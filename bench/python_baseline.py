@@ -35,6 +35,9 @@ def parse_args():
     p.add_argument("--gemm-only", action="store_true")
     p.add_argument("--gemm", action="store_true", help="also measure the GEMM ceiling")
     p.add_argument("--profile", action="store_true")
+    p.add_argument("--profile-tsv", default="",
+                   help="with --profile: per-op self time as TSV (op, calls, self_seconds), ops inside a bs:: scope "
+                        "named 'scope/op', as bertsweep's log.op_profile writes it (bench/op_profile.py reads both)")
     p.add_argument("--device", default="cpu", help="cpu | cuda")
     p.add_argument("--dtype", default="float32", help="float32 | bfloat16")
     p.add_argument("--autocast", action="store_true",
@@ -191,6 +194,30 @@ def gemm_ceiling(c, tokens):
     return out
 
 
+def scope(name):
+    """A named region in the profile (a no-op cost when not profiling)."""
+    return torch.profiler.record_function(name)
+
+
+def write_profile_tsv(prof, wall, path):
+    """Self time per op, each op filed under its innermost enclosing bs:: scope, in log.op_profile's format."""
+    totals = {}
+    for ev in prof.events():
+        sc, p = None, ev.cpu_parent
+        while p is not None and sc is None:
+            sc = p.name if p.name.startswith("bs::") else None
+            p = p.cpu_parent
+        key = ev.name if sc is None or ev.name.startswith("bs::") else f"{sc}/{ev.name}"
+        calls, secs = totals.get(key, (0, 0.0))
+        totals[key] = (calls + 1, secs + ev.self_cpu_time_total / 1e6)
+    in_ops = sum(v[1] for v in totals.values())
+    with open(path, "w") as f:
+        f.write("op\tcalls\tself_seconds\n")
+        for k, (n, sec) in sorted(totals.items(), key=lambda kv: -kv[1][1]):
+            f.write(f"{k}\t{n}\t{sec}\n")
+        f.write(f"(outside any op)\t0\t{max(0.0, wall - in_ops)}\n(profiled wall)\t0\t{wall}\n")
+
+
 def main():
     c = MODELS[args.model]
     res = {"tool": "python_baseline", "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -220,7 +247,8 @@ def main():
 
     def step(i):
         idx = np.sort(order[i * args.batch:(i + 1) * args.batch])  # h5py-style sorted fancy index
-        ids, seg, mask, pos, lab, nsp, real = (t.to(dev) if torch.is_tensor(t) else t for t in make_batch(d, idx))
+        with scope("bs::collate"):
+            ids, seg, mask, pos, lab, nsp, real = (t.to(dev) if torch.is_tensor(t) else t for t in make_batch(d, idx))
         if args.autocast:
             with torch.autocast(dev.type, dtype=torch.bfloat16):
                 mlm_logits, nsp_logits = model(ids, seg, mask, pos)
@@ -229,8 +257,10 @@ def main():
         loss = F.cross_entropy(mlm_logits.float(), lab) + F.cross_entropy(nsp_logits.float(), nsp)
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        opt.step()
+        with scope("bs::bucket_finish"):  # bertsweep's name for the clipping (and allreduce) after backward
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        with scope("bs::optimizer_step"):
+            opt.step()
         return real, int(lab.numel()), float(loss)
 
     sync = torch.cuda.synchronize if dev.type == "cuda" else (lambda: None)
@@ -254,6 +284,8 @@ def main():
         prof.__exit__(None, None, None)
         table = prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=15)
         res["profile_top"] = table
+        if args.profile_tsv:
+            write_profile_tsv(prof, wall, args.profile_tsv)
     computed = args.steps * args.batch * L
     flops = training_flops(c, V, args.batch, L, masked / args.steps)
     res.update({"vocab": V, "seq_len": L, "device": args.device, "dtype": args.dtype, "autocast": args.autocast, "steps": args.steps, "warmup": args.warmup,

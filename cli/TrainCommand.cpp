@@ -67,6 +67,7 @@ int train_command(const Argv& argv) {
   check_output_file("--dump-params", opt.dump_params);
   if (opt.events != "stdout" && opt.events.rfind("fd:", 0) != 0) check_output_file("--events", opt.events);
   check_output_file("log.mllog", cfg.log.mllog);
+  check_output_file("log.op_profile", cfg.log.op_profile);
   check_output_folder("checkpoint.dir", cfg.checkpoint.dir);
   ensure_passive_openmp();  // from here on it computes; nothing is printed or written before this point
   install_stop_handlers();

@@ -80,6 +80,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"checkpoint.every_samples", &c.checkpoint.every_samples},
       {"log.mllog", &c.log.mllog},
       {"log.progress_every_steps", &c.log.progress_every_steps},
+      {"log.op_profile", &c.log.op_profile},
       {"log.submission_division", &c.log.submission_division},
       {"log.submission_org", &c.log.submission_org},
       {"log.submission_platform", &c.log.submission_platform},

@@ -95,6 +95,7 @@ struct CheckpointConfig {
 struct LogConfig {
   std::string mllog;  // MLPerf-style :::MLLOG file; empty: none
   int64_t progress_every_steps = 10;
+  std::string op_profile;  // TSV of per-operator self time over the steps after the first progress window; empty: off
   // MLPerf submission keys of the MLLOG (training rules 5.0.0): closed only for a run the closed BERT rules allow.
   std::string submission_division = "open";  // open | closed
   std::string submission_org = "bertsweep";

@@ -2,6 +2,7 @@
 
 #include <ATen/CPUGeneratorImpl.h>
 #include <ATen/Parallel.h>
+#include <ATen/record_function.h>
 
 #include <mutex>
 #include <stdexcept>
@@ -39,6 +40,10 @@ torch::ScalarType acc_type(const Tensor& x) {
   return x.scalar_type() == torch::kDouble ? torch::kDouble : torch::kFloat;
 }
 Tensor as_acc(const Tensor& p, const Tensor& x) { return p.defined() ? p.to(acc_type(x)).contiguous() : Tensor(); }
+// The bias in the kernels' type, zeros when there is none (the row kernels take no null bias).
+Tensor bias_or_zeros(const Tensor& bias, const Tensor& x) {
+  return bias.defined() ? as_acc(bias, x) : torch::zeros({x.size(-1)}, x.options().dtype(acc_type(x)));
+}
 
 template <class F>
 void for_chunks(int64_t rows, F&& f) {
@@ -68,6 +73,7 @@ uint64_t draw_key() {
 
 // Keep bits [rows, ceil(C/8)] for drop probability p.
 Tensor keep_bits(int64_t rows, int64_t cols, double p) {
+  RECORD_USER_SCOPE("bs::philox_keep_bits");
   auto bits = torch::empty({rows, keep_bytes_per_row(cols)}, torch::kUInt8);
   const uint64_t key = draw_key();
   const uint32_t threshold = dropout_threshold(p);
@@ -76,20 +82,34 @@ Tensor keep_bits(int64_t rows, int64_t cols, double p) {
   return bits;
 }
 
-// Sums chunk partials [chunks, C] in order into [C] in `like`'s dtype.
+// Sums chunk partials [chunks, C] in chunk order into [C] in `like`'s dtype: one pass, the same order on
+// every thread count.
+template <class A>
+void add_partials(const A* partials, int64_t chunks, int64_t C, A* total) {
+  for (int64_t j = 0; j < C; ++j) total[j] = partials[j];
+  for (int64_t c = 1; c < chunks; ++c) {
+    const A* row = partials + c * C;
+    for (int64_t j = 0; j < C; ++j) total[j] += row[j];
+  }
+}
 Tensor sum_partials(const Tensor& partials, const Tensor& like) {
-  Tensor total = partials.select(0, 0).clone();
-  for (int64_t c = 1; c < partials.size(0); ++c) total.add_(partials.select(0, c));
+  const int64_t chunks = partials.size(0), C = partials.size(1);
+  Tensor total = torch::empty({C}, partials.options());
+  if (partials.scalar_type() == torch::kDouble)
+    add_partials(partials.data_ptr<double>(), chunks, C, total.data_ptr<double>());
+  else
+    add_partials(partials.data_ptr<float>(), chunks, C, total.data_ptr<float>());
   return total.to(like.scalar_type());
 }
 
 // ---------------------------------------------------------------------------------------------------------
 struct BiasGelu : torch::autograd::Function<BiasGelu> {
   static Tensor forward(AutogradContext* ctx, const Tensor& x_in, const Tensor& bias_or_x, bool has_bias) {
+    RECORD_USER_SCOPE("bs::bias_gelu");
     const Tensor x = x_in.contiguous();
     const Tensor bias = has_bias ? bias_or_x : Tensor();
     const int64_t C = x.size(-1), rows = x.numel() / C;
-    const Tensor b = as_acc(bias, x);
+    const Tensor b = bias_or_zeros(bias, x);
     Tensor y = torch::empty_like(x);
     with_dtype(x.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
@@ -102,18 +122,19 @@ struct BiasGelu : torch::autograd::Function<BiasGelu> {
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    RECORD_USER_SCOPE("bs::bias_gelu_backward");
     const Tensor &x = saved[0], &bias = saved[1];
     const Tensor dy = grads[0].contiguous();
     const int64_t C = x.size(-1), rows = x.numel() / C;
-    const Tensor b = as_acc(bias, x);
+    const Tensor b = bias_or_zeros(bias, x);
     Tensor dx = torch::empty_like(x);
     const int64_t chunks = chunk_count(rows);
-    Tensor partial = bias.defined() ? torch::zeros({chunks, C}, x.options().dtype(acc_type(x))) : Tensor();
+    Tensor partial = torch::zeros({chunks, C}, x.options().dtype(acc_type(x)));  // dbias (unused without bias)
     with_dtype(x.scalar_type(), [&](auto tag) {
       using T = decltype(tag);
       for_chunks(rows, [&](int64_t c, int64_t r0, int64_t r1) {
-        bias_gelu_grad_rows<T>(ptr<T>(dy), ptr<T>(x), ptr<Acc<T>>(b), ptr<T>(dx),
-                               partial.defined() ? ptr<Acc<T>>(partial) + c * C : nullptr, C, r0, r1);
+        bias_gelu_grad_rows<T>(ptr<T>(dy), ptr<T>(x), ptr<Acc<T>>(b), ptr<T>(dx), ptr<Acc<T>>(partial) + c * C, C, r0,
+                               r1);
       });
     });
     return {dx, bias.defined() ? sum_partials(partial, bias) : Tensor(), Tensor()};
@@ -125,6 +146,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
   static Tensor forward(AutogradContext* ctx, const Tensor& x_in, const Tensor& bias_or_x, const Tensor& residual_or_x,
                         const Tensor& gamma, const Tensor& beta, double p, bool training, double eps, bool has_bias,
                         bool has_residual) {
+    RECORD_USER_SCOPE("bs::bias_dropout_add_layer_norm");
     const Tensor x = x_in.contiguous();
     const Tensor bias = has_bias ? bias_or_x : Tensor();
     const Tensor residual = has_residual ? residual_or_x.contiguous() : Tensor();
@@ -134,7 +156,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
     check(!bias.defined() || bias.numel() == C, "layer norm: bias must have the input's last size");
     const bool drop = training && p > 0;
     const Tensor bits = drop ? keep_bits(rows, C, p) : Tensor();
-    const Tensor b = as_acc(bias, x), g = as_acc(gamma, x), be = as_acc(beta, x);
+    const Tensor b = bias_or_zeros(bias, x), g = as_acc(gamma, x), be = as_acc(beta, x);
     Tensor sum = torch::empty_like(x), y = torch::empty_like(x);
     Tensor mean = torch::empty({rows}, x.options().dtype(acc_type(x))), rstd = torch::empty_like(mean);
     with_dtype(x.scalar_type(), [&](auto tag) {
@@ -163,6 +185,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
     const auto saved = ctx->get_saved_variables();
+    RECORD_USER_SCOPE("bs::bias_dropout_add_layer_norm_backward");
     const Tensor &sum = saved[0], &mean = saved[1], &rstd = saved[2], &gamma = saved[3], &bits = saved[4];
     const double p = ctx->saved_data["p"].toDouble();
     const bool has_bias = ctx->saved_data["has_bias"].toBool(), has_res = ctx->saved_data["has_residual"].toBool();
@@ -172,7 +195,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
     const Tensor g = as_acc(gamma, sum);
     const auto acc_opts = sum.options().dtype(acc_type(sum));
     Tensor dgamma = torch::zeros({chunks, C}, acc_opts), dbeta = torch::zeros({chunks, C}, acc_opts);
-    Tensor dbias = has_bias ? torch::zeros({chunks, C}, acc_opts) : Tensor();
+    Tensor dbias = torch::zeros({chunks, C}, acc_opts);  // unused without a bias
     Tensor dx = torch::empty_like(sum);
     // Without dropout d(residual) == d(x): one tensor serves both.
     Tensor dres = has_res && p > 0 ? torch::empty_like(sum) : Tensor();
@@ -193,7 +216,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
         LnGradArgs<T> own = a;
         own.dgamma = ptr<Acc<T>>(dgamma) + c * C;
         own.dbeta = ptr<Acc<T>>(dbeta) + c * C;
-        own.dbias = has_bias ? ptr<Acc<T>>(dbias) + c * C : nullptr;
+        own.dbias = ptr<Acc<T>>(dbias) + c * C;
         layer_norm_grad_rows<T>(own, r0, r1);
       });
     });
@@ -214,6 +237,7 @@ struct BiasDropoutAddLayerNorm : torch::autograd::Function<BiasDropoutAddLayerNo
 // ---------------------------------------------------------------------------------------------------------
 struct PhiloxDropout : torch::autograd::Function<PhiloxDropout> {
   static void apply_bits(const Tensor& x, const Tensor& bits, double scale, Tensor& y) {
+    RECORD_USER_SCOPE("bs::dropout_apply_bits");
     const int64_t C = x.size(-1), rows = x.numel() / C;
     with_dtype(x.scalar_type(), [&](auto tag) {
       using T = decltype(tag);

@@ -11,6 +11,7 @@
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+#include <vector>
 
 namespace bs::kernels {
 namespace {
@@ -37,7 +38,8 @@ BS_INLINE void store(Bf16* p, float v) {  // round to nearest even; NaN stays a 
 // exp in float: n = round(x / ln 2), r = x - n ln 2 (two-part ln 2), Cephes' degree-6 polynomial for e^r,
 // then 2^n by the exponent bits. Clamped to float's normal range; about 1 ulp.
 BS_INLINE float exp_f(float x) {
-  x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);
+  x = x < -87.0f ? -87.0f : x;  // two plain selects: vmaxps / vminps, no masked duplicate of the polynomial
+  x = x > 88.0f ? 88.0f : x;
   const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
   const float r = (x - n * 0.693359375f) - n * -2.12194440e-4f;
   float p = 1.9875691500e-4f;
@@ -55,8 +57,13 @@ BS_INLINE float exp_f(float x) {
 BS_INLINE double exp_f(double x) { return std::exp(x); }
 
 // erf in float from erfc's Chebyshev fit (Numerical Recipes' erfcc, fractional error < 1.2e-7).
+// Branch-free: the sign is taken off and put back by bit operations, so the vectoriser computes one path.
 BS_INLINE float erf_f(float x) {
-  const float z = x < 0 ? -x : x;
+  uint32_t ux;
+  __builtin_memcpy(&ux, &x, 4);
+  const uint32_t sign = ux & 0x80000000u, uz = ux & 0x7FFFFFFFu;
+  float z;
+  __builtin_memcpy(&z, &uz, 4);
   const float t = 1.0f / (1.0f + 0.5f * z);
   float p = 0.17087277f;
   p = p * t + -0.82215223f;
@@ -69,124 +76,281 @@ BS_INLINE float erf_f(float x) {
   p = p * t + 1.00002368f;
   p = p * t + -1.26551223f;
   const float erfc = t * exp_f(-z * z + p);
-  return x < 0 ? erfc - 1.0f : 1.0f - erfc;
+  const float e = 1.0f - erfc;  // erf(|x|) >= 0: the sign bit is free
+  uint32_t ue;
+  __builtin_memcpy(&ue, &e, 4);
+  ue |= sign;
+  float r;
+  __builtin_memcpy(&r, &ue, 4);
+  return r;
 }
 BS_INLINE double erf_f(double x) { return std::erf(x); }
 
 BS_INLINE bool kept(const uint8_t* bits, int64_t c) { return (bits[c >> 3] >> (c & 7)) & 1u; }
 
+// One row's keep bits as multipliers (scale where kept, 0 where dropped), 16 columns per step so the loop
+// vectorises (a broadcast word, lane-varying shifts); the main loops then multiply without a branch.
+template <class A>
+BS_INLINE void expand_keep(const uint8_t* __restrict bits, int64_t cols, A scale, A* __restrict out) {
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16) {
+    const uint32_t w = bits[c >> 3] | (static_cast<uint32_t>(bits[(c >> 3) + 1]) << 8);
+    for (int k = 0; k < 16; ++k) out[c + k] = ((w >> k) & 1u) ? scale : A(0);
+  }
+  for (; c < cols; ++c) out[c] = kept(bits, c) ? scale : A(0);
+}
+
+// Row reductions with 16 fixed lanes: the same order on every ISA and thread count.
 template <class T>
-BS_INLINE void bias_gelu_body(const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t begin, int64_t end) {
+BS_INLINE Acc<T> sum_row(const T* __restrict v, int64_t cols) {
+  using A = Acc<T>;
+  A lanes[16] = {};
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16)
+    for (int k = 0; k < 16; ++k) lanes[k] += load(v[c + k]);
+  for (int k = 0; c < cols; ++c, ++k) lanes[k] += load(v[c]);
+  A s = 0;
+  for (int k = 0; k < 16; ++k) s += lanes[k];
+  return s;
+}
+template <class T>
+BS_INLINE Acc<T> sq_dev_row(const T* __restrict v, Acc<T> mean, int64_t cols) {
+  using A = Acc<T>;
+  A lanes[16] = {};
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16)
+    for (int k = 0; k < 16; ++k) {
+      const A d = load(v[c + k]) - mean;
+      lanes[k] += d * d;
+    }
+  for (int k = 0; c < cols; ++c, ++k) {
+    const A d = load(v[c]) - mean;
+    lanes[k] += d * d;
+  }
+  A s = 0;
+  for (int k = 0; k < 16; ++k) s += lanes[k];
+  return s;
+}
+// sum(dy * gamma) and sum(dy * gamma * xhat) of one row, xhat = (s - mean) * rstd.
+template <class T>
+BS_INLINE void ln_grad_sums(const T* __restrict dy, const Acc<T>* __restrict gamma, const T* __restrict s, Acc<T> mean,
+                            Acc<T> rstd, int64_t cols, Acc<T>& g1, Acc<T>& g2) {
+  using A = Acc<T>;
+  A l1[16] = {}, l2[16] = {};
+  int64_t c = 0;
+  for (; c + 16 <= cols; c += 16)
+    for (int k = 0; k < 16; ++k) {
+      const A dg = load(dy[c + k]) * gamma[c + k];
+      l1[k] += dg;
+      l2[k] += dg * ((load(s[c + k]) - mean) * rstd);
+    }
+  for (int k = 0; c < cols; ++c, ++k) {
+    const A dg = load(dy[c]) * gamma[c];
+    l1[k] += dg;
+    l2[k] += dg * ((load(s[c]) - mean) * rstd);
+  }
+  g1 = g2 = 0;
+  for (int k = 0; k < 16; ++k) {
+    g1 += l1[k];
+    g2 += l2[k];
+  }
+}
+
+// bias and dbias are never null (FusedOps passes zeros / a scratch row): no branch in the loops.
+template <class T>
+BS_INLINE void bias_gelu_body(const T* __restrict x, const Acc<T>* __restrict bias, T* __restrict y, int64_t cols,
+                              int64_t begin, int64_t end) {
   using A = Acc<T>;
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
+    const T* __restrict xr = x + r * cols;
+    T* __restrict yr = y + r * cols;
     for (int64_t c = 0; c < cols; ++c) {
-      const A v = load(xr[c]) + (bias ? bias[c] : A(0));
+      const A v = load(xr[c]) + bias[c];
       store(yr + c, A(0.5) * v * (A(1) + erf_f(v * A(0.70710678118654752440))));
     }
   }
 }
 
 template <class T>
-BS_INLINE void bias_gelu_grad_body(const T* dy, const T* x, const Acc<T>* bias, T* dx, Acc<T>* dbias, int64_t cols,
-                                   int64_t begin, int64_t end) {
+BS_INLINE void bias_gelu_grad_body(const T* __restrict dy, const T* __restrict x, const Acc<T>* __restrict bias,
+                                   T* __restrict dx, Acc<T>* __restrict dbias, int64_t cols, int64_t begin,
+                                   int64_t end) {
   using A = Acc<T>;
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = x + r * cols;
-    const T* dyr = dy + r * cols;
-    T* dxr = dx + r * cols;
+    const T* __restrict xr = x + r * cols;
+    const T* __restrict dyr = dy + r * cols;
+    T* __restrict dxr = dx + r * cols;
     for (int64_t c = 0; c < cols; ++c) {
-      const A v = load(xr[c]) + (bias ? bias[c] : A(0));
+      const A v = load(xr[c]) + bias[c];
       const A cdf = A(0.5) * (A(1) + erf_f(v * A(0.70710678118654752440)));
       const A pdf = exp_f(A(-0.5) * v * v) * A(0.39894228040143267794);  // 1/sqrt(2 pi)
       const A g = load(dyr[c]) * (cdf + v * pdf);
       store(dxr + c, g);
-      if (dbias) dbias[c] += g;
+      dbias[c] += g;
     }
   }
 }
 
-// Sum of a row with 16 fixed lanes (the same order on every ISA).
-template <class T, class F>
-BS_INLINE Acc<T> row_sum(int64_t cols, F&& term) {
+// kRes: a residual is added; kDrop: dropout by the expanded keep multipliers `keep` (scratch of cols).
+template <class T, bool kRes, bool kDrop>
+BS_INLINE void layer_norm_rows_of(const LnArgs<T>& a, int64_t begin, int64_t end, Acc<T>* __restrict keep) {
   using A = Acc<T>;
-  A lanes[16] = {};
-  int64_t c = 0;
-  for (; c + 16 <= cols; c += 16)
-    for (int k = 0; k < 16; ++k) lanes[k] += term(c + k);
-  for (int k = 0; c < cols; ++c, ++k) lanes[k] += term(c);
-  A s = 0;
-  for (int k = 0; k < 16; ++k) s += lanes[k];
-  return s;
+  const int64_t C = a.cols;
+  const A* __restrict bias = a.bias;
+  const A* __restrict gamma = a.gamma;
+  const A* __restrict beta = a.beta;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* __restrict xr = a.x + r * C;
+    const T* __restrict res = kRes ? a.residual + r * C : nullptr;
+    if constexpr (kDrop) expand_keep(a.keep_bits + r * keep_bytes_per_row(C), C, a.keep_scale, keep);
+    T* __restrict sr = a.sum + r * C;
+    for (int64_t c = 0; c < C; ++c) {
+      A h = load(xr[c]) + bias[c];
+      if constexpr (kDrop) h *= keep[c];
+      if constexpr (kRes) h += load(res[c]);
+      store(sr + c, h);
+    }
+    // Statistics of the stored (rounded) sum: backward sees exactly what forward normalised.
+    const A mean = sum_row(sr, C) / A(C);
+    const A var = sq_dev_row(sr, mean, C) / A(C);
+    const A rstd = A(1) / std::sqrt(var + a.eps);
+    a.mean[r] = mean;
+    a.rstd[r] = rstd;
+    T* __restrict yr = a.y + r * C;
+    for (int64_t c = 0; c < C; ++c) store(yr + c, (load(sr[c]) - mean) * rstd * gamma[c] + beta[c]);
+  }
 }
 
 template <class T>
 BS_INLINE void layer_norm_body(const LnArgs<T>& a, int64_t begin, int64_t end) {
+  std::vector<Acc<T>> keep(a.keep_bits ? a.cols : 0);
+  if (a.residual) {
+    if (a.keep_bits) return layer_norm_rows_of<T, true, true>(a, begin, end, keep.data());
+    return layer_norm_rows_of<T, true, false>(a, begin, end, nullptr);
+  }
+  if (a.keep_bits) return layer_norm_rows_of<T, false, true>(a, begin, end, keep.data());
+  return layer_norm_rows_of<T, false, false>(a, begin, end, nullptr);
+}
+
+// kDrop: through the dropout (keep multipliers); kDres: d(residual) differs from dx and is written too.
+template <class T, bool kDrop, bool kDres>
+BS_INLINE void layer_norm_grad_rows_of(const LnGradArgs<T>& a, int64_t begin, int64_t end, Acc<T>* __restrict keep) {
   using A = Acc<T>;
   const int64_t C = a.cols;
+  const A* __restrict gamma = a.gamma;
+  A* __restrict dgamma = a.dgamma;
+  A* __restrict dbeta = a.dbeta;
+  A* __restrict dbias = a.dbias;
   for (int64_t r = begin; r < end; ++r) {
-    const T* xr = a.x + r * C;
-    const T* res = a.residual ? a.residual + r * C : nullptr;
-    const uint8_t* bits = a.keep_bits ? a.keep_bits + r * keep_bytes_per_row(C) : nullptr;
-    T* sr = a.sum + r * C;
+    const T* __restrict dyr = a.dy + r * C;
+    const T* __restrict sr = a.sum + r * C;
+    const A mean = a.mean[r], rstd = a.rstd[r];
+    A g1, g2;
+    ln_grad_sums(dyr, gamma, sr, mean, rstd, C, g1, g2);
+    g1 /= A(C);
+    g2 /= A(C);
+    if constexpr (kDrop) expand_keep(a.keep_bits + r * keep_bytes_per_row(C), C, a.keep_scale, keep);
+    T* __restrict dres = kDres ? a.d_residual + r * C : nullptr;
+    T* __restrict dxr = a.dx + r * C;
     for (int64_t c = 0; c < C; ++c) {
-      A h = load(xr[c]) + (a.bias ? a.bias[c] : A(0));
-      if (bits) h = kept(bits, c) ? h * a.keep_scale : A(0);
-      store(sr + c, h + (res ? load(res[c]) : A(0)));
+      const A dy = load(dyr[c]);
+      const A xhat = (load(sr[c]) - mean) * rstd;
+      const A ds = rstd * (dy * gamma[c] - g1 - xhat * g2);
+      if constexpr (kDres) store(dres + c, ds);
+      A dh = ds;
+      if constexpr (kDrop) dh *= keep[c];
+      store(dxr + c, dh);
+      dgamma[c] += dy * xhat;
+      dbeta[c] += dy;
+      dbias[c] += dh;
     }
-    // Statistics of the stored (rounded) sum: backward sees exactly what forward normalised.
-    const A mean = row_sum<T>(C, [&](int64_t c) { return load(sr[c]); }) / A(C);
-    const A var = row_sum<T>(C,
-                             [&](int64_t c) {
-                               const A d = load(sr[c]) - mean;
-                               return d * d;
-                             }) /
-                  A(C);
-    const A rstd = A(1) / std::sqrt(var + a.eps);
-    a.mean[r] = mean;
-    a.rstd[r] = rstd;
-    T* yr = a.y + r * C;
-    for (int64_t c = 0; c < C; ++c) store(yr + c, (load(sr[c]) - mean) * rstd * a.gamma[c] + a.beta[c]);
   }
 }
 
 template <class T>
 BS_INLINE void layer_norm_grad_body(const LnGradArgs<T>& a, int64_t begin, int64_t end) {
-  using A = Acc<T>;
-  const int64_t C = a.cols;
-  for (int64_t r = begin; r < end; ++r) {
-    const T* dyr = a.dy + r * C;
-    const T* sr = a.sum + r * C;
-    const A mean = a.mean[r], rstd = a.rstd[r];
-    const A g1 = row_sum<T>(C, [&](int64_t c) { return load(dyr[c]) * a.gamma[c]; }) / A(C);
-    const A g2 =
-        row_sum<T>(C, [&](int64_t c) { return load(dyr[c]) * a.gamma[c] * (load(sr[c]) - mean) * rstd; }) / A(C);
-    const uint8_t* bits = a.keep_bits ? a.keep_bits + r * keep_bytes_per_row(C) : nullptr;
-    T* dres = a.d_residual ? a.d_residual + r * C : nullptr;
-    T* dxr = a.dx + r * C;
-    for (int64_t c = 0; c < C; ++c) {
-      const A dy = load(dyr[c]);
-      const A xhat = (load(sr[c]) - mean) * rstd;
-      const A ds = rstd * (dy * a.gamma[c] - g1 - xhat * g2);
-      if (dres) store(dres + c, ds);
-      const A dh = bits ? (kept(bits, c) ? ds * a.keep_scale : A(0)) : ds;
-      store(dxr + c, dh);
-      a.dgamma[c] += dy * xhat;
-      a.dbeta[c] += dy;
-      if (a.dbias) a.dbias[c] += dh;
-    }
-  }
+  std::vector<Acc<T>> keep(a.keep_bits ? a.cols : 0);
+  if (!a.keep_bits) return layer_norm_grad_rows_of<T, false, false>(a, begin, end, nullptr);
+  if (a.d_residual) return layer_norm_grad_rows_of<T, true, true>(a, begin, end, keep.data());
+  return layer_norm_grad_rows_of<T, true, false>(a, begin, end, keep.data());
 }
 
 template <class T>
-BS_INLINE void masked_scale_body(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
-                                 int64_t end) {
+BS_INLINE void masked_scale_body(const T* __restrict x, const uint8_t* __restrict keep_bits, Acc<T> scale,
+                                 T* __restrict y, int64_t cols, int64_t begin, int64_t end) {
   using A = Acc<T>;
-  const int64_t row_bytes = keep_bytes_per_row(cols);
+  std::vector<A> keep(cols);
+  A* __restrict k = keep.data();
   for (int64_t r = begin; r < end; ++r) {
-    const uint8_t* bits = keep_bits + r * row_bytes;
-    for (int64_t c = 0; c < cols; ++c) store(y + r * cols + c, kept(bits, c) ? load(x[r * cols + c]) * scale : A(0));
+    expand_keep(keep_bits + r * keep_bytes_per_row(cols), cols, scale, k);
+    const T* __restrict xr = x + r * cols;
+    T* __restrict yr = y + r * cols;
+    for (int64_t c = 0; c < cols; ++c) store(yr + c, load(xr[c]) * k[c]);
+  }
+}
+
+// Dropout keep bits (Philox.h's layout) for rows [begin, end): Philox4x32-10 for 16 blocks at a time in
+// structure-of-arrays form, so the 32x32->64 multiplies of a round are one vector instruction per 8 or 16
+// lanes (vpmuludq), then a compare and bit pack per row. Same words as philox4x32_10 for every block.
+constexpr int kPhiloxLanes = 16;
+
+BS_INLINE void philox_blocks(uint64_t first_block, uint32_t key0, uint32_t key1, uint32_t* __restrict out) {
+  uint32_t c0[kPhiloxLanes], c1[kPhiloxLanes], c2[kPhiloxLanes], c3[kPhiloxLanes];
+  for (int i = 0; i < kPhiloxLanes; ++i) {
+    const uint64_t b = first_block + static_cast<uint64_t>(i);
+    c0[i] = static_cast<uint32_t>(b);
+    c1[i] = static_cast<uint32_t>(b >> 32);
+    c2[i] = 0;
+    c3[i] = 0;
+  }
+  for (int round = 0; round < 10; ++round) {
+    for (int i = 0; i < kPhiloxLanes; ++i) {
+      const uint64_t p0 = static_cast<uint64_t>(0xD2511F53u) * c0[i];
+      const uint64_t p1 = static_cast<uint64_t>(0xCD9E8D57u) * c2[i];
+      const uint32_t n0 = static_cast<uint32_t>(p1 >> 32) ^ c1[i] ^ key0;
+      const uint32_t n2 = static_cast<uint32_t>(p0 >> 32) ^ c3[i] ^ key1;
+      c1[i] = static_cast<uint32_t>(p1);
+      c3[i] = static_cast<uint32_t>(p0);
+      c0[i] = n0;
+      c2[i] = n2;
+    }
+    key0 += 0x9E3779B9u;
+    key1 += 0xBB67AE85u;
+  }
+  for (int i = 0; i < kPhiloxLanes; ++i) {
+    out[4 * i] = c0[i];
+    out[4 * i + 1] = c1[i];
+    out[4 * i + 2] = c2[i];
+    out[4 * i + 3] = c3[i];
+  }
+}
+
+BS_INLINE void keep_bits_body(uint64_t key, uint32_t threshold, int64_t begin, int64_t end, int64_t cols,
+                              uint8_t* __restrict bits) {
+  if (begin >= end) return;
+  const auto k0 = static_cast<uint32_t>(key), k1 = static_cast<uint32_t>(key >> 32);
+  const int64_t row_bytes = keep_bytes_per_row(cols);
+  // The words of every block the rows touch, generated once (a block may straddle two rows).
+  const uint64_t b0 = static_cast<uint64_t>(begin * cols) >> 2;
+  const uint64_t b1 = (static_cast<uint64_t>(end * cols) + 3) >> 2;
+  const uint64_t groups = (b1 - b0 + kPhiloxLanes - 1) / kPhiloxLanes;
+  std::vector<uint32_t> words(groups * kPhiloxLanes * 4);
+  for (uint64_t g = 0; g < groups; ++g)
+    philox_blocks(b0 + g * kPhiloxLanes, k0, k1, words.data() + g * kPhiloxLanes * 4);
+  for (int64_t r = begin; r < end; ++r) {
+    const uint32_t* __restrict w = words.data() + (static_cast<uint64_t>(r * cols) - 4 * b0);
+    uint8_t* __restrict out = bits + r * row_bytes;
+    int64_t c = 0;
+    for (; c + 8 <= cols; c += 8) {
+      uint32_t byte = 0;
+      for (int k = 0; k < 8; ++k) byte |= static_cast<uint32_t>(w[c + k] >= threshold) << k;
+      out[c >> 3] = static_cast<uint8_t>(byte);
+    }
+    if (c < cols) {
+      uint32_t byte = 0;
+      for (int k = 0; c + k < cols; ++k) byte |= static_cast<uint32_t>(w[c + k] >= threshold) << k;
+      out[c >> 3] = static_cast<uint8_t>(byte);
+    }
   }
 }
 
@@ -235,6 +399,20 @@ BS_VARIANTS(mscale, masked_scale_body,
             (const T* x, const uint8_t* bits, Acc<T> s, T* y, int64_t cols, int64_t b, int64_t e),
             (x, bits, s, y, cols, b, e))
 
+#if defined(__x86_64__)
+__attribute__((target("arch=x86-64-v4"))) void keep_bits_avx512(uint64_t key, uint32_t t, int64_t b, int64_t e,
+                                                                int64_t cols, uint8_t* bits) {
+  keep_bits_body(key, t, b, e, cols, bits);
+}
+__attribute__((target("avx2,fma"))) void keep_bits_avx2(uint64_t key, uint32_t t, int64_t b, int64_t e, int64_t cols,
+                                                        uint8_t* bits) {
+  keep_bits_body(key, t, b, e, cols, bits);
+}
+#endif
+void keep_bits_scalar(uint64_t key, uint32_t t, int64_t b, int64_t e, int64_t cols, uint8_t* bits) {
+  keep_bits_body(key, t, b, e, cols, bits);
+}
+
 std::atomic<int> forced_isa{-1};
 
 }  // namespace
@@ -274,6 +452,18 @@ void force_isa(Isa isa) {
     throw std::invalid_argument(std::string("kernels: this CPU cannot run the ") + isa_name(isa) +
                                 " variant (best: " + isa_name(best_isa()) + ")");
   forced_isa.store(static_cast<int>(isa));
+}
+
+void dropout_keep_bits(uint64_t key, uint32_t threshold, int64_t row_begin, int64_t row_end, int64_t cols,
+                       uint8_t* bits) {
+#if defined(__x86_64__)
+  switch (active_isa()) {
+    case Isa::kAvx512: return keep_bits_avx512(key, threshold, row_begin, row_end, cols, bits);
+    case Isa::kAvx2: return keep_bits_avx2(key, threshold, row_begin, row_end, cols, bits);
+    case Isa::kScalar: break;
+  }
+#endif
+  keep_bits_scalar(key, threshold, row_begin, row_end, cols, bits);
 }
 
 template <class T>

@@ -28,7 +28,7 @@ using Acc = typename AccOf<T>::type;
 template <class T>
 struct LnArgs {
   const T* x = nullptr;
-  const Acc<T>* bias = nullptr;        // [cols] or null
+  const Acc<T>* bias = nullptr;        // [cols], never null (zeros when the op has no bias)
   const T* residual = nullptr;         // or null
   const Acc<T>* gamma = nullptr;       // [cols]
   const Acc<T>* beta = nullptr;        // [cols]
@@ -56,10 +56,11 @@ struct LnGradArgs {
   T* dx = nullptr;           // out: through the dropout
   Acc<T>* dgamma = nullptr;  // accumulated [cols] (one partial per row chunk)
   Acc<T>* dbeta = nullptr;
-  Acc<T>* dbias = nullptr;
+  Acc<T>* dbias = nullptr;  // never null (a scratch row when the op has no bias)
 };
 
-// Rows [begin, end).
+// Rows [begin, end). bias and dbias are never null: FusedOps passes zeros / a scratch row, so the loops carry
+// no branch and vectorise.
 template <class T>
 void bias_gelu_rows(const T* x, const Acc<T>* bias, T* y, int64_t cols, int64_t begin, int64_t end);
 template <class T>

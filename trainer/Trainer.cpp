@@ -16,6 +16,8 @@
 #include <sstream>
 #include <thread>
 
+#include <ATen/record_function.h>
+
 #include "common/Choices.h"
 #include "common/JsonWriter.h"
 #include "optimizers/LrSchedule.h"
@@ -29,6 +31,7 @@
 #include "distributed/GradientBucketer.h"
 #include "trainer/InitCheckpoint.h"
 #include "trainer/MixedPrecision.h"
+#include "trainer/OpProfile.h"
 #include "trainer/Precision.h"
 #include "trainer/Runtime.h"
 #include "dataset/Sampler.h"
@@ -371,6 +374,7 @@ class TrainingLoop {
   int64_t block_first_ = 0;  // first sample of the open MLLOG block
   ThroughputWindow window_;
   double last_loss_ = NAN;
+  std::unique_ptr<OpProfile> op_profile_;  // log.op_profile, rank 0 only
 };
 
 TrainingLoop::TrainingLoop(const TrainConfig& cfg, const TrainOptions& opt)
@@ -384,6 +388,7 @@ TrainingLoop::TrainingLoop(const TrainConfig& cfg, const TrainOptions& opt)
   announce();
   log_submission();
   log_hyperparameters();
+  if (lead_ && !cfg_.log.op_profile.empty()) op_profile_ = std::make_unique<OpProfile>();
   mllog_.end("init_stop");
 }
 
@@ -583,6 +588,9 @@ void TrainingLoop::begin_run() {
 }
 
 StepOutcome TrainingLoop::step() {
+  // The first progress window is warm-up (allocator, oneDNN primitive caches), as in the throughput events.
+  const bool profiled = op_profile_ && st_.step >= cfg_.log.progress_every_steps;
+  if (profiled) op_profile_->start();
   const auto t_step = Clock::now();
   const auto micro = sampler_->next_step();
   StepOutcome s;
@@ -591,7 +599,10 @@ StepOutcome TrainingLoop::step() {
   const auto t_compute = Clock::now();
   StepExchange mine;
   const torch::Tensor step_loss = forward_backward(micro, local_samples, mine);
-  bucketer_->finish();
+  {
+    RECORD_USER_SCOPE("bs::bucket_finish");  // the last buckets' allreduce and the clipping
+    bucketer_->finish();
+  }
   // The step's one synchronisation with the device: the gradient norm, communication times and the loss.
   s.bucket = bucketer_->step_stats(step_loss);
   mine.loss = s.bucket.loss;
@@ -600,13 +611,20 @@ StepOutcome TrainingLoop::step() {
   mine.stop = g_stop.load() ? 1.0 : 0.0;
   s.totals = exchange(*comm_, world_, mine);
   if (s.totals.nonfinite > 0 || !std::isfinite(s.bucket.grad_norm)) abort_nonfinite(s.lr);
-  optimizer_->step(s.lr);
-  optimizer_->zero_grad();
-  if (compute_) compute_->refresh();
+  {
+    RECORD_USER_SCOPE("bs::optimizer_step");
+    optimizer_->step(s.lr);
+    optimizer_->zero_grad();
+  }
+  if (compute_) {
+    RECORD_USER_SCOPE("bs::compute_copy_refresh");  // bf16 weights from the fp32 masters
+    compute_->refresh();
+  }
   st_.step += 1;
   st_.samples += cfg_.batch.global;
   last_loss_ = s.totals.loss;
   s.step_seconds = since(t_step);
+  if (profiled) op_profile_->stop();
   return s;
 }
 
@@ -617,7 +635,11 @@ torch::Tensor TrainingLoop::forward_backward(const std::vector<MicroBatch>& micr
                                              StepExchange& mine) {
   int64_t real = 0, computed = 0;
   torch::Tensor step_loss;
-  BertBatch next = to_device(collate(data_.train, micro[0]), precision_.device);
+  auto collated = [&](const MicroBatch& m) {
+    RECORD_USER_SCOPE("bs::collate");
+    return to_device(collate(data_.train, m), precision_.device);
+  };
+  BertBatch next = collated(micro[0]);
   for (std::size_t i = 0; i < micro.size(); ++i) {
     BertBatch b = std::move(next);
     real += b.real_tokens;
@@ -630,7 +652,7 @@ torch::Tensor TrainingLoop::forward_backward(const std::vector<MicroBatch>& micr
     (loss.total * w).backward();
     auto weighted = loss.total.detach().to(torch::kDouble) * w;
     step_loss = step_loss.defined() ? step_loss + weighted : weighted;
-    if (i + 1 < micro.size()) next = to_device(collate(data_.train, micro[i + 1]), precision_.device);
+    if (i + 1 < micro.size()) next = collated(micro[i + 1]);
   }
   mine.real_tokens = static_cast<double>(real);
   mine.computed_tokens = static_cast<double>(computed);
@@ -790,6 +812,7 @@ TrainResult TrainingLoop::finish() {
                          std::to_string(cfg_.target.max_samples) + " samples (final accuracy " +
                          std::to_string(res_.final_mlm_accuracy) + ")");
   if (!opt_.dump_params.empty() && lead_) write_params(opt_.dump_params, model_);
+  if (op_profile_) op_profile_->write_tsv(cfg_.log.op_profile);
   if (!cfg_.checkpoint.dir.empty()) save();
   comm_->barrier();
   return res_;

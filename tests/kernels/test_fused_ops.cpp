@@ -39,6 +39,31 @@ TEST(Philox, KnownAnswerVectors) {
             (k::PhiloxWords{0xd16cfe09, 0x94fdcceb, 0x5001e420, 0x24126ea1}));
 }
 
+// The vectorised generator against the scalar philox4x32_10, element by element: odd widths (blocks that
+// straddle rows), a chunk starting mid-tensor, a key with both halves set, on every ISA variant.
+TEST(PhiloxDropout, KeepBitsEqualTheScalarGeneratorOnEveryIsa) {
+  const uint64_t key = 0x0123456789abcdefull;
+  const uint32_t threshold = k::dropout_threshold(0.3);
+  for (const int64_t cols : {1, 7, 37, 128, 333}) {
+    const int64_t rows = 41, row_bytes = k::keep_bytes_per_row(cols);
+    for (const auto isa : runnable_isas()) {
+      IsaGuard guard(isa);
+      std::vector<uint8_t> bits(rows * row_bytes, 0xAA);
+      k::dropout_keep_bits(key, threshold, 0, 5, cols, bits.data());
+      k::dropout_keep_bits(key, threshold, 5, rows, cols, bits.data());  // a second chunk
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t c = 0; c < cols; ++c) {
+          const uint64_t e = static_cast<uint64_t>(r * cols + c), block = e >> 2;
+          const auto w = k::philox4x32_10({static_cast<uint32_t>(block), static_cast<uint32_t>(block >> 32), 0, 0},
+                                          static_cast<uint32_t>(key), static_cast<uint32_t>(key >> 32));
+          const bool keep = w[e & 3] >= threshold;
+          ASSERT_EQ(((bits[r * row_bytes + (c >> 3)] >> (c & 7)) & 1) != 0, keep)
+              << k::isa_name(isa) << " cols " << cols << " row " << r << " col " << c;
+        }
+    }
+  }
+}
+
 TEST(PhiloxDropout, RateAndScaleAndSameMaskForTheSameGeneratorState) {
   const auto x = torch::ones({301, 37});
   torch::manual_seed(5);
