@@ -24,7 +24,8 @@ struct ModelConfig {
   int64_t type_vocab_size = 2;
   double dropout = 0.1;
   // auto | fused | reference: fused CPU kernels (kernels/FusedOps.h) or the operator-by-operator path, which
-  // stays the numerical reference. auto = reference until fused measures faster end to end; GPUs: reference.
+  // stays the numerical reference. auto = fused wherever it is built (x86-64; BENCHMARKS.md section 10); GPUs:
+  // LibTorch's ops either way.
   std::string kernels = "auto";
   // Start training from these weights: a bertsweep checkpoint-<step>.pt, or a PyTorch state dict (torch.save)
   // with Hugging Face / NVIDIA BERT parameter names. Empty: random initialisation from `seed`.

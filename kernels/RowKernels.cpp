@@ -156,6 +156,47 @@ BS_INLINE void ln_grad_sums(const T* __restrict dy, const Acc<T>* __restrict gam
   }
 }
 
+// The column loops as functions of restrict-qualified parameters: GCC keeps a parameter's restrict through
+// inlining (not a local's), and without it the several output streams of a row defeat the vectoriser.
+template <class T, bool kRes, bool kDrop>
+BS_INLINE void ln_sum_row(const T* __restrict x, const Acc<T>* __restrict bias, const Acc<T>* __restrict keep,
+                          const T* __restrict res, int64_t C, T* __restrict sum) {
+  for (int64_t c = 0; c < C; ++c) {
+    Acc<T> h = load(x[c]) + bias[c];
+    if constexpr (kDrop) h *= keep[c];
+    if constexpr (kRes) h += load(res[c]);
+    store(sum + c, h);
+  }
+}
+template <class T>
+BS_INLINE void ln_out_row(const T* __restrict sum, const Acc<T>* __restrict gamma, const Acc<T>* __restrict beta,
+                          Acc<T> mean, Acc<T> rstd, int64_t C, T* __restrict y) {
+  for (int64_t c = 0; c < C; ++c) store(y + c, (load(sum[c]) - mean) * rstd * gamma[c] + beta[c]);
+}
+template <class T, bool kDrop, bool kDres>
+BS_INLINE void ln_grad_row(const T* __restrict dyr, const T* __restrict sr, const Acc<T>* __restrict gamma,
+                           const Acc<T>* __restrict keep, Acc<T> mean, Acc<T> rstd, Acc<T> g1, Acc<T> g2, int64_t C,
+                           T* __restrict dres, T* __restrict dxr, Acc<T>* __restrict dgamma, Acc<T>* __restrict dbeta,
+                           Acc<T>* __restrict dbias) {
+  using A = Acc<T>;
+  for (int64_t c = 0; c < C; ++c) {
+    const A dy = load(dyr[c]);
+    const A xhat = (load(sr[c]) - mean) * rstd;
+    const A ds = rstd * (dy * gamma[c] - g1 - xhat * g2);
+    if constexpr (kDres) store(dres + c, ds);
+    A dh = ds;
+    if constexpr (kDrop) dh *= keep[c];
+    store(dxr + c, dh);
+    dgamma[c] += dy * xhat;
+    dbeta[c] += dy;
+    dbias[c] += dh;
+  }
+}
+template <class T>
+BS_INLINE void scale_row(const T* __restrict x, const Acc<T>* __restrict k, int64_t cols, T* __restrict y) {
+  for (int64_t c = 0; c < cols; ++c) store(y + c, load(x[c]) * k[c]);
+}
+
 // bias and dbias are never null (FusedOps passes zeros / a scratch row): no branch in the loops.
 template <class T>
 BS_INLINE void bias_gelu_body(const T* __restrict x, const Acc<T>* __restrict bias, T* __restrict y, int64_t cols,
@@ -204,20 +245,14 @@ BS_INLINE void layer_norm_rows_of(const LnArgs<T>& a, int64_t begin, int64_t end
     const T* __restrict res = kRes ? a.residual + r * C : nullptr;
     if constexpr (kDrop) expand_keep(a.keep_bits + r * keep_bytes_per_row(C), C, a.keep_scale, keep);
     T* __restrict sr = a.sum + r * C;
-    for (int64_t c = 0; c < C; ++c) {
-      A h = load(xr[c]) + bias[c];
-      if constexpr (kDrop) h *= keep[c];
-      if constexpr (kRes) h += load(res[c]);
-      store(sr + c, h);
-    }
+    ln_sum_row<T, kRes, kDrop>(xr, bias, keep, res, C, sr);
     // Statistics of the stored (rounded) sum: backward sees exactly what forward normalised.
     const A mean = sum_row(sr, C) / A(C);
     const A var = sq_dev_row(sr, mean, C) / A(C);
     const A rstd = A(1) / std::sqrt(var + a.eps);
     a.mean[r] = mean;
     a.rstd[r] = rstd;
-    T* __restrict yr = a.y + r * C;
-    for (int64_t c = 0; c < C; ++c) store(yr + c, (load(sr[c]) - mean) * rstd * gamma[c] + beta[c]);
+    ln_out_row(sr, gamma, beta, mean, rstd, C, a.y + r * C);
   }
 }
 
@@ -250,20 +285,8 @@ BS_INLINE void layer_norm_grad_rows_of(const LnGradArgs<T>& a, int64_t begin, in
     g1 /= A(C);
     g2 /= A(C);
     if constexpr (kDrop) expand_keep(a.keep_bits + r * keep_bytes_per_row(C), C, a.keep_scale, keep);
-    T* __restrict dres = kDres ? a.d_residual + r * C : nullptr;
-    T* __restrict dxr = a.dx + r * C;
-    for (int64_t c = 0; c < C; ++c) {
-      const A dy = load(dyr[c]);
-      const A xhat = (load(sr[c]) - mean) * rstd;
-      const A ds = rstd * (dy * gamma[c] - g1 - xhat * g2);
-      if constexpr (kDres) store(dres + c, ds);
-      A dh = ds;
-      if constexpr (kDrop) dh *= keep[c];
-      store(dxr + c, dh);
-      dgamma[c] += dy * xhat;
-      dbeta[c] += dy;
-      dbias[c] += dh;
-    }
+    ln_grad_row<T, kDrop, kDres>(dyr, sr, gamma, keep, mean, rstd, g1, g2, C, kDres ? a.d_residual + r * C : nullptr,
+                                 a.dx + r * C, dgamma, dbeta, dbias);
   }
 }
 
@@ -283,9 +306,7 @@ BS_INLINE void masked_scale_body(const T* __restrict x, const uint8_t* __restric
   A* __restrict k = keep.data();
   for (int64_t r = begin; r < end; ++r) {
     expand_keep(keep_bits + r * keep_bytes_per_row(cols), cols, scale, k);
-    const T* __restrict xr = x + r * cols;
-    T* __restrict yr = y + r * cols;
-    for (int64_t c = 0; c < cols; ++c) store(yr + c, load(xr[c]) * k[c]);
+    scale_row(x + r * cols, k, cols, y + r * cols);
   }
 }
 

@@ -88,15 +88,15 @@ void check_inputs(const BertInputs& in) {
 
 }  // namespace
 
-// `auto` stays on the reference path until the fused step measures faster end to end (bench_fused_ops and
-// scripts/bench precision: on the Zen 5 of these machines the Philox attention-probs dropout and the bf16
-// LayerNorm backward are not yet faster than LibTorch's), so that no run gets slower by default.
+// `auto` is the fused path wherever it is built (x86-64): measured faster end to end in bf16 and fp32
+// (BENCHMARKS.md section 10); `reference` stays as the numerical reference. On a GPU both run LibTorch's ops.
 bool use_fused_kernels(const ModelConfig& cfg) {
-  if (parse_choice<KernelsKind>(cfg.kernels) != KernelsKind::kFused) return false;
-  if (!kernels::fused_available())
-    throw std::invalid_argument(
-        "BertForPretraining: model.kernels: fused is not built for this CPU (x86-64 only); use auto or reference");
-  return true;
+  const auto kind = parse_choice<KernelsKind>(cfg.kernels);
+  if (kind == KernelsKind::kReference) return false;
+  if (kernels::fused_available()) return true;
+  if (kind == KernelsKind::kAuto) return false;
+  throw std::invalid_argument(
+      "BertForPretraining: model.kernels: fused is not built for this CPU (x86-64 only); use auto or reference");
 }
 
 torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options) {

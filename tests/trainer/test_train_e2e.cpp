@@ -243,7 +243,8 @@ namespace {
 constexpr int64_t kMpBatch = 16, kMpSteps = 4, kMpFull = kMpBatch * kMpSteps, kMpHalf = kMpFull / 2;
 
 bs::test::RunResult train_mp(const std::string& dir, const std::string& precision, int64_t samples,
-                             const std::string& ckpt, bool resume, const std::string& dump) {
+                             const std::string& ckpt, bool resume, const std::string& dump,
+                             const std::vector<std::string>& sets = {}) {
   // The schedule spans the whole run in every segment; an eval at the half-way checkpoint and at the end.
   // clang-format off
   std::vector<std::string> a = {bs::test::bertsweep_bin(), "train", "--config", tiny_config(dir), "--set",
@@ -256,6 +257,7 @@ bs::test::RunResult train_mp(const std::string& dir, const std::string& precisio
   // clang-format on
   if (!ckpt.empty()) a.insert(a.end(), {"--set", "checkpoint.dir=" + ckpt});
   if (resume) a.push_back("--resume");
+  for (const auto& kv : sets) a.insert(a.end(), {"--set", kv});
   return run(a, 900);
 }
 }  // namespace
@@ -281,6 +283,27 @@ TEST(TrainE2E, Bf16CheckpointResumeMatchesUninterruptedRun) {
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the resumed bf16 run differs from the uninterrupted one";
   EXPECT_TRUE(read_floats(dir + "/half.bin") != a) << "the steps after the checkpoint changed nothing";
+  fs::remove_all(dir);
+}
+
+// The fused kernels with dropout on (Philox masks keyed from the default CPU generator, whose state the
+// checkpoint holds): the resumed bf16 run equals the uninterrupted one bit for bit.
+TEST(TrainE2E, FusedBf16WithDropoutCheckpointResumeMatchesUninterruptedRun) {
+  auto dir = bs::test::make_temp_dir("fused-resume");
+  const std::vector<std::string> sets = {"model.kernels=fused", "model.dropout=0.1"};
+  auto full = train_mp(dir, "bf16", kMpFull, "", false, dir + "/full.bin", sets);
+  ASSERT_EQ(full.exit_code, 0) << full.err;
+  auto half = train_mp(dir, "bf16", kMpHalf, dir + "/ck", false, dir + "/half.bin", sets);
+  ASSERT_EQ(half.exit_code, 0) << half.err;
+  auto resumed = train_mp(dir, "bf16", kMpFull, dir + "/ck", true, dir + "/resumed.bin", sets);
+  ASSERT_EQ(resumed.exit_code, 0) << resumed.err;
+  const auto a = read_floats(dir + "/full.bin"), b = read_floats(dir + "/resumed.bin");
+  ASSERT_FALSE(a.empty());
+  EXPECT_TRUE(a == b) << "the resumed fused bf16 run differs from the uninterrupted one";
+  // Dropout is really on: the same run without it ends elsewhere.
+  auto nodrop = train_mp(dir, "bf16", kMpFull, "", false, dir + "/nodrop.bin", {"model.kernels=fused", "model.dropout=0.0"});
+  ASSERT_EQ(nodrop.exit_code, 0) << nodrop.err;
+  EXPECT_TRUE(read_floats(dir + "/nodrop.bin") != a);
   fs::remove_all(dir);
 }
 
@@ -321,11 +344,11 @@ TEST(TrainE2E, Bf16ReachesTheTinyTargetWithin15PercentOfFp32) {
     GTEST_SKIP() << "this CPU has no AMX (bf16 runs emulated or on AVX512-BF16: 670 s for this test on an AMD "
                     "EPYC): set BERTSWEEP_LONG_TESTS=1";
   }
-  auto reach = [&](const std::string& precision) {
+  auto reach = [&](const std::string& precision, const std::string& kernels) {
     auto r = run(
         {bs::test::bertsweep_bin(), "train", "--config", bs::test::source_dir() + "/configs/train/bert-tiny-brown.yaml",
-         "--set", "data.dir=" + bs::test::brown_dataset(), "--set", "precision=" + precision, "--events", "stdout",
-         "--quiet"},
+         "--set", "data.dir=" + bs::test::brown_dataset(), "--set", "precision=" + precision, "--set",
+         "model.kernels=" + kernels, "--events", "stdout", "--quiet"},
         3600);
     EXPECT_EQ(r.exit_code, 0) << r.err;
     auto done = events_of(r.out, "done");
@@ -333,8 +356,11 @@ TEST(TrainE2E, Bf16ReachesTheTinyTargetWithin15PercentOfFp32) {
     if (done.empty() || done[0]["reached"] != "true") return -1.0;
     return std::stod(done[0]["samples_to_target"]);
   };
-  const double fp32 = reach("fp32"), bf16 = reach("bf16");
+  // fp32 on the reference path; bf16 on both: the fused kernels must reach the target like the reference.
+  const double fp32 = reach("fp32", "reference"), bf16 = reach("bf16", "reference"), fused = reach("bf16", "fused");
   ASSERT_GT(fp32, 0) << "the fp32 run did not reach the target";
   ASSERT_GT(bf16, 0) << "the bf16 run did not reach the target";
+  ASSERT_GT(fused, 0) << "the fused bf16 run did not reach the target";
   EXPECT_LE(bf16, 1.15 * fp32) << "bf16 " << bf16 << " vs fp32 " << fp32 << " samples";
+  EXPECT_LE(fused, 1.15 * fp32) << "fused bf16 " << fused << " vs fp32 " << fp32 << " samples";
 }
