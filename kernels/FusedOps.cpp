@@ -264,7 +264,63 @@ struct PhiloxDropout : torch::autograd::Function<PhiloxDropout> {
   }
 };
 
+// ---------------------------------------------------------------------------------------------------------
+struct SoftmaxDropout : torch::autograd::Function<SoftmaxDropout> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& scores_in, const Tensor& key_bias_in, double p,
+                        bool training) {
+    RECORD_USER_SCOPE("bs::softmax_dropout");
+    const Tensor scores = scores_in.contiguous();
+    const int64_t C = scores.size(-1), rows = scores.numel() / C, seqs = key_bias_in.size(0);
+    check(key_bias_in.dim() == 2 && key_bias_in.size(1) == C && rows % seqs == 0,
+          "softmax_dropout: key_bias must be [sequences, keys] with keys = the scores' last size");
+    const Tensor kb = as_acc(key_bias_in, scores);
+    const bool drop = training && p > 0;
+    const Tensor bits = drop ? keep_bits(rows, C, p) : Tensor();
+    Tensor y = torch::empty_like(scores), probs = drop ? torch::empty_like(scores) : y;
+    with_dtype(scores.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      SoftmaxArgs<T> a;
+      a.scores = ptr<T>(scores);
+      a.key_bias = ptr<Acc<T>>(kb);
+      a.rows_per_bias = rows / seqs;
+      a.keep_bits = drop ? bits.data_ptr<uint8_t>() : nullptr;
+      a.keep_scale = static_cast<Acc<T>>(drop ? 1.0 / (1.0 - p) : 1.0);
+      a.cols = C;
+      a.y = ptr<T>(y);
+      a.probs = ptr<T>(probs);
+      for_chunks(rows, [&](int64_t, int64_t r0, int64_t r1) { softmax_dropout_rows<T>(a, r0, r1); });
+    });
+    ctx->save_for_backward({y, bits});
+    ctx->saved_data["p"] = drop ? p : 0.0;
+    return probs;
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_USER_SCOPE("bs::softmax_dropout_backward");
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &y = saved[0], &bits = saved[1];
+    const double p = ctx->saved_data["p"].toDouble();
+    const Tensor dp = grads[0].contiguous();
+    const int64_t C = y.size(-1), rows = y.numel() / C;
+    Tensor ds = torch::empty_like(y);
+    with_dtype(y.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      const uint8_t* b = p > 0 ? bits.data_ptr<uint8_t>() : nullptr;
+      const auto scale = static_cast<Acc<T>>(p > 0 ? 1.0 / (1.0 - p) : 1.0);
+      for_chunks(rows, [&](int64_t, int64_t r0, int64_t r1) {
+        softmax_dropout_grad_rows<T>(ptr<T>(dp), ptr<T>(y), b, scale, C, ptr<T>(ds), r0, r1);
+      });
+    });
+    return {ds, Tensor(), Tensor(), Tensor()};
+  }
+};
+
 }  // namespace
+
+Tensor softmax_dropout(const Tensor& scores, const Tensor& key_bias, double p, bool training) {
+  check_input(scores, "softmax_dropout");
+  check(p >= 0 && p < 1, "dropout probability must be in [0, 1)");
+  return SoftmaxDropout::apply(scores, key_bias.detach(), p, training);
+}
 
 Tensor bias_gelu(const Tensor& x, const Tensor& bias) {
   check_input(x, "bias_gelu");

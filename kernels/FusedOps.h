@@ -18,6 +18,11 @@ torch::Tensor bias_dropout_add_layer_norm(const torch::Tensor& x, const torch::T
                                           const torch::Tensor& residual, const torch::Tensor& gamma,
                                           const torch::Tensor& beta, double p, bool training, double eps);
 
+// dropout(softmax(scores + key_bias)) over the last dimension: the attention probabilities of scores
+// [sequences, ..., queries, keys] (already scaled by 1/sqrt(d)) with a per-key additive mask key_bias
+// [sequences, keys] (no gradient). Softmax in float; backward from the saved softmax and keep bits.
+torch::Tensor softmax_dropout(const torch::Tensor& scores, const torch::Tensor& key_bias, double p, bool training);
+
 // Inverted dropout with a Philox mask (identity when !training or p == 0).
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 

@@ -8,6 +8,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <limits>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
@@ -196,6 +197,10 @@ template <class T>
 BS_INLINE void scale_row(const T* __restrict x, const Acc<T>* __restrict k, int64_t cols, T* __restrict y) {
   for (int64_t c = 0; c < cols; ++c) store(y + c, load(x[c]) * k[c]);
 }
+template <class T>
+BS_INLINE void scale_row_acc(const Acc<T>* __restrict x, const Acc<T>* __restrict k, int64_t cols, T* __restrict y) {
+  for (int64_t c = 0; c < cols; ++c) store(y + c, x[c] * k[c]);
+}
 
 // bias and dbias are never null (FusedOps passes zeros / a scratch row): no branch in the loops.
 template <class T>
@@ -310,6 +315,94 @@ BS_INLINE void masked_scale_body(const T* __restrict x, const uint8_t* __restric
   }
 }
 
+template <class T>
+BS_INLINE void softmax_row(const T* __restrict s, const Acc<T>* __restrict kb, int64_t C, Acc<T>* __restrict e,
+                           T* __restrict y) {
+  using A = Acc<T>;
+  A lanes[16];
+  for (int k = 0; k < 16; ++k) lanes[k] = -std::numeric_limits<A>::infinity();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16)
+    for (int k = 0; k < 16; ++k) {
+      const A h = load(s[c + k]) + kb[c + k];
+      e[c + k] = h;
+      lanes[k] = h > lanes[k] ? h : lanes[k];
+    }
+  for (int k = 0; c < C; ++c, ++k) {
+    const A h = load(s[c]) + kb[c];
+    e[c] = h;
+    lanes[k] = h > lanes[k] ? h : lanes[k];
+  }
+  A m = lanes[0];
+  for (int k = 1; k < 16; ++k) m = lanes[k] > m ? lanes[k] : m;
+  A sums[16] = {};
+  c = 0;
+  for (; c + 16 <= C; c += 16)
+    for (int k = 0; k < 16; ++k) {
+      const A x = e[c + k] - m;
+      const A v = x < A(-87) ? A(0) : exp_f(x);  // a masked key gives exactly 0, as LibTorch's softmax does
+      e[c + k] = v;
+      sums[k] += v;
+    }
+  for (int k = 0; c < C; ++c, ++k) {
+    const A x = e[c] - m;
+    const A v = x < A(-87) ? A(0) : exp_f(x);
+    e[c] = v;
+    sums[k] += v;
+  }
+  A total = 0;
+  for (int k = 0; k < 16; ++k) total += sums[k];
+  const A inv = A(1) / total;
+  for (c = 0; c < C; ++c) {
+    e[c] *= inv;
+    store(y + c, e[c]);
+  }
+}
+
+template <class T>
+BS_INLINE void softmax_dropout_body(const SoftmaxArgs<T>& a, int64_t begin, int64_t end) {
+  using A = Acc<T>;
+  const int64_t C = a.cols;
+  std::vector<A> scratch(a.keep_bits ? 2 * C : C);
+  A* e = scratch.data();
+  A* keep = a.keep_bits ? scratch.data() + C : nullptr;
+  for (int64_t r = begin; r < end; ++r) {
+    softmax_row(a.scores + r * C, a.key_bias + (r / a.rows_per_bias) * C, C, e, a.y + r * C);
+    if (!a.keep_bits) continue;
+    expand_keep(a.keep_bits + r * keep_bytes_per_row(C), C, a.keep_scale, keep);
+    scale_row_acc(e, keep, C, a.probs + r * C);
+  }
+}
+
+template <class T>
+BS_INLINE void softmax_dropout_grad_body(const T* __restrict dprobs, const T* __restrict y,
+                                         const uint8_t* __restrict keep_bits, Acc<T> keep_scale, int64_t cols,
+                                         T* __restrict dscores, int64_t begin, int64_t end) {
+  using A = Acc<T>;
+  std::vector<A> scratch(2 * cols);
+  A* __restrict d = scratch.data();
+  A* __restrict keep = scratch.data() + cols;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* __restrict dp = dprobs + r * cols;
+    const T* __restrict yr = y + r * cols;
+    if (keep_bits) {
+      expand_keep(keep_bits + r * keep_bytes_per_row(cols), cols, keep_scale, keep);
+      for (int64_t c = 0; c < cols; ++c) d[c] = load(dp[c]) * keep[c];
+    } else {
+      for (int64_t c = 0; c < cols; ++c) d[c] = load(dp[c]);
+    }
+    A lanes[16] = {};
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16)
+      for (int k = 0; k < 16; ++k) lanes[k] += d[c + k] * load(yr[c + k]);
+    for (int k = 0; c < cols; ++c, ++k) lanes[k] += d[c] * load(yr[c]);
+    A dot = 0;
+    for (int k = 0; k < 16; ++k) dot += lanes[k];
+    T* __restrict ds = dscores + r * cols;
+    for (c = 0; c < cols; ++c) store(ds + c, load(yr[c]) * (d[c] - dot));
+  }
+}
+
 // Dropout keep bits (Philox.h's layout) for rows [begin, end): Philox4x32-10 for 16 blocks at a time in
 // structure-of-arrays form, so the 32x32->64 multiplies of a round are one vector instruction per 8 or 16
 // lanes (vpmuludq), then a compare and bit pack per row. Same words as philox4x32_10 for every block.
@@ -416,6 +509,10 @@ BS_VARIANTS(gelu_grad, bias_gelu_grad_body,
             (dy, x, bias, dx, db, cols, b, e))
 BS_VARIANTS(ln, layer_norm_body, (const LnArgs<T>& a, int64_t b, int64_t e), (a, b, e))
 BS_VARIANTS(ln_grad, layer_norm_grad_body, (const LnGradArgs<T>& a, int64_t b, int64_t e), (a, b, e))
+BS_VARIANTS(softmax, softmax_dropout_body, (const SoftmaxArgs<T>& a, int64_t b, int64_t e), (a, b, e))
+BS_VARIANTS(softmax_grad, softmax_dropout_grad_body,
+            (const T* dp, const T* y, const uint8_t* bits, Acc<T> s, int64_t cols, T* ds, int64_t b, int64_t e),
+            (dp, y, bits, s, cols, ds, b, e))
 BS_VARIANTS(mscale, masked_scale_body,
             (const T* x, const uint8_t* bits, Acc<T> s, T* y, int64_t cols, int64_t b, int64_t e),
             (x, bits, s, y, cols, b, e))
@@ -508,12 +605,24 @@ template <class T>
 void masked_scale_rows(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
                        int64_t end){BS_DISPATCH(mscale, (x, keep_bits, scale, y, cols, begin, end))}
 
+template <class T>
+void softmax_dropout_rows(const SoftmaxArgs<T>& a, int64_t begin, int64_t end) {
+  BS_DISPATCH(softmax, (a, begin, end))
+}
+template <class T>
+void softmax_dropout_grad_rows(const T* dprobs, const T* y, const uint8_t* keep_bits, Acc<T> keep_scale, int64_t cols,
+                               T* dscores, int64_t begin, int64_t end) {
+  BS_DISPATCH(softmax_grad, (dprobs, y, keep_bits, keep_scale, cols, dscores, begin, end))
+}
+
 #define BS_INSTANTIATE(T)                                                                                          \
   template void bias_gelu_rows<T>(const T*, const Acc<T>*, T*, int64_t, int64_t, int64_t);                         \
   template void bias_gelu_grad_rows<T>(const T*, const T*, const Acc<T>*, T*, Acc<T>*, int64_t, int64_t, int64_t); \
   template void layer_norm_rows<T>(const LnArgs<T>&, int64_t, int64_t);                                            \
   template void layer_norm_grad_rows<T>(const LnGradArgs<T>&, int64_t, int64_t);                                   \
-  template void masked_scale_rows<T>(const T*, const uint8_t*, Acc<T>, T*, int64_t, int64_t, int64_t);
+  template void masked_scale_rows<T>(const T*, const uint8_t*, Acc<T>, T*, int64_t, int64_t, int64_t);             \
+  template void softmax_dropout_rows<T>(const SoftmaxArgs<T>&, int64_t, int64_t);                                  \
+  template void softmax_dropout_grad_rows<T>(const T*, const T*, const uint8_t*, Acc<T>, int64_t, T*, int64_t, int64_t);
 BS_INSTANTIATE(float) BS_INSTANTIATE(double) BS_INSTANTIATE(Bf16)
 
 }  // namespace bs::kernels

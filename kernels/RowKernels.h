@@ -75,6 +75,26 @@ template <class T>
 void masked_scale_rows(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
                        int64_t end);
 
+// Attention probabilities of post-scale scores: y = softmax(scores + key_bias) over rows of `cols` keys, then
+// probs = dropout(y). Row r belongs to sequence r / rows_per_bias (heads * queries rows per sequence).
+template <class T>
+struct SoftmaxArgs {
+  const T* scores = nullptr;
+  const Acc<T>* key_bias = nullptr;    // [sequences, cols]: 0 or the mask's large negative
+  int64_t rows_per_bias = 1;
+  const uint8_t* keep_bits = nullptr;  // or null: no dropout, probs is not written
+  Acc<T> keep_scale = 1;
+  int64_t cols = 0;
+  T* y = nullptr;      // out: the softmax (kept for backward)
+  T* probs = nullptr;  // out: after dropout (when keep_bits)
+};
+template <class T>
+void softmax_dropout_rows(const SoftmaxArgs<T>& a, int64_t begin, int64_t end);
+// dscores = y * (d - sum(d * y)), d = dprobs through the dropout (keep_bits null: none).
+template <class T>
+void softmax_dropout_grad_rows(const T* dprobs, const T* y, const uint8_t* keep_bits, Acc<T> keep_scale, int64_t cols,
+                               T* dscores, int64_t begin, int64_t end);
+
 using Bf16 = uint16_t;
 
 }  // namespace bs::kernels

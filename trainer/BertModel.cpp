@@ -134,6 +134,23 @@ torch::Tensor BertEmbeddingsImpl::forward(const BertInputs& in) {
   return apply_dropout(layer_norm(LayerNorm, x), dropout, is_training());
 }
 
+// dropout(softmax(scores + bias)) of [B,h,L,L] scores, which it may overwrite; the softmax in fp32.
+static torch::Tensor attention_probs(torch::Tensor scores, const torch::Tensor& bias, double p, bool fuse, int64_t rows,
+                              int64_t row_len) {
+  if (fuse && bias.size(2) == 1)  // padding mask [B,1,1,L]: mask, softmax and dropout in one pass
+    return kernels::softmax_dropout(scores, bias.view({rows, row_len}), p, p > 0);
+  scores.add_(bias);  // broadcast [B,1,1,L] or [B,1,L,L]
+  torch::Tensor probs;
+  if (reduced(scores)) {
+    probs = torch::softmax(scores, -1, torch::kFloat).to(scores.scalar_type());  // fp32 softmax
+  } else if (torch::GradMode::is_enabled()) {
+    probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
+  } else {
+    probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
+  }
+  return fuse ? kernels::dropout(probs, p, p > 0) : apply_dropout(probs, p, true);
+}
+
 // ---------------------------------------------------------------------------------------------------------
 BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg)
     : heads(cfg.heads), dropout(cfg.dropout), fused(use_fused_kernels(cfg)) {
@@ -159,16 +176,7 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
   if (!context.defined()) {
     // Scale q ([B,h,L,d]) rather than the scores ([B,h,L,L]): fewer elements when L > d.
     auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
-    scores.add_(bias);  // broadcast [B,1,1,L] or [B,1,L,L]
-    torch::Tensor probs;
-    if (reduced(scores)) {
-      probs = torch::softmax(scores, -1, torch::kFloat).to(scores.scalar_type());  // fp32 softmax
-    } else if (torch::GradMode::is_enabled()) {
-      probs = torch::softmax(scores, -1);  // autograd keeps its output; no in-place variant
-    } else {
-      probs = at::softmax_out(scores, scores, -1);  // eval: in place, the scores are not needed again
-    }
-    probs = fuse ? kernels::dropout(probs, attn_p, attn_p > 0) : apply_dropout(probs, attn_p, true);
+    const auto probs = attention_probs(scores, bias, attn_p, fuse, rows, row_len);
     context = torch::matmul(probs, v);  // [B,h,L,d]
   }
   auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});

@@ -242,6 +242,67 @@ TEST(FusedOps, ResidualDropoutLayerNormMatchesLibTorchInFloat32AndBf16OnEveryIsa
   }
 }
 
+// A [B, 1, 1, L] padding mask as the model builds it: 0 for real keys, -1e4 for padded ones (the last `pad`
+// keys of every other sequence), given to the fused op as [B, L].
+Tensor key_mask(int64_t B, int64_t L, int64_t pad) {
+  auto kb = torch::zeros({B, L});
+  for (int64_t b = 1; b < B; b += 2) kb[b].slice(0, L - pad).fill_(-1e4);
+  return kb;
+}
+
+TEST(FusedOps, SoftmaxDropoutGradientsMatchFiniteDifferencesInFloat64WithAndWithoutDropout) {
+  torch::manual_seed(6);
+  const auto kb = key_mask(2, 11, 3).to(torch::kDouble);
+  for (double p : {0.0, 0.3}) {
+    auto f = [p, kb](const std::vector<Tensor>& in) {
+      torch::manual_seed(77);  // the same mask for every finite difference
+      return k::softmax_dropout(in[0], kb, p, true);
+    };
+    expect_gradients_match_finite_differences(f, {torch::randn({2, 3, 5, 11})}, "softmax p=" + std::to_string(p));
+  }
+}
+
+// softmax(scores + mask) from LibTorch, then the same Philox mask as kernels::dropout under the same seed.
+Tensor reference_softmax_dropout(const Tensor& scores, const Tensor& kb, double p, uint64_t seed) {
+  const int64_t B = kb.size(0), L = kb.size(1);
+  auto y = torch::softmax(scores.to(torch::kFloat) + kb.view({B, 1, 1, L}), -1);
+  if (p == 0) return y;
+  torch::manual_seed(seed);
+  return y * k::dropout(torch::ones_like(y), p, true);
+}
+
+TEST(FusedOps, SoftmaxDropoutMatchesLibTorchInFloat32AndBf16WithPaddingOnEveryIsa) {
+  torch::manual_seed(8);
+  for (double p : {0.0, 0.1}) {
+    for (auto shape : {std::vector<int64_t>{4, 3, 7, 37}, std::vector<int64_t>{2, 2, 129, 129}}) {
+      const int64_t B = shape[0], L = shape.back();
+      const auto kb = key_mask(B, L, L / 3);
+      const auto scores = torch::randn(shape) * 2, dy = torch::randn(shape);
+      auto reference = [&](const std::vector<Tensor>& in) { return reference_softmax_dropout(in[0], kb, p, 21); };
+      auto fused = [&](const std::vector<Tensor>& in) {
+        torch::manual_seed(21);
+        return k::softmax_dropout(in[0], kb, p, true);
+      };
+      const auto want = run_with_grads(reference, {scores}, dy);
+      const auto want16 = run_with_grads(reference, {scores.to(torch::kBFloat16).to(torch::kFloat)},
+                                         dy.to(torch::kBFloat16).to(torch::kFloat));
+      for (auto isa : runnable_isas()) {
+        IsaGuard guard(isa);
+        const std::string what = "p=" + std::to_string(p) + " L=" + std::to_string(L) + " " + k::isa_name(isa);
+        const auto got = run_with_grads(fused, {scores}, dy);
+        expect_close(got, want, 1e-5, 1e-6, "fp32 " + what);
+        // A padded key gets exactly nothing.
+        EXPECT_EQ(got[0].index({1, torch::indexing::Slice(), torch::indexing::Slice(), L - 1}).abs().max().item<float>(),
+                  0.0f);
+        // bf16: the softmax and the result each rounded once (2^-8 relative); the gradient from the bf16 softmax.
+        const auto got16 = run_with_grads(fused, {scores.to(torch::kBFloat16)}, dy);
+        expect_close({got16[0]}, {want16[0]}, 1e-2, 1e-3, "bf16 " + what);
+        expect_close({got16[1]}, {want16[1]}, 2e-2, 2e-3, "bf16 grad " + what);
+      }
+    }
+  }
+}
+
 TEST(FusedOps, ForcingAnIsaTheCpuLacksIsRefused) {
   if (k::best_isa() == k::Isa::kAvx512) GTEST_SKIP() << "this CPU runs every variant";
   EXPECT_THROW(k::force_isa(k::Isa::kAvx512), std::invalid_argument);
