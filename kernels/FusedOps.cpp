@@ -314,7 +314,55 @@ struct SoftmaxDropout : torch::autograd::Function<SoftmaxDropout> {
   }
 };
 
+// ---------------------------------------------------------------------------------------------------------
+struct CrossEntropy : torch::autograd::Function<CrossEntropy> {
+  static Tensor forward(AutogradContext* ctx, const Tensor& logits_in, const Tensor& labels_in) {
+    RECORD_USER_SCOPE("bs::cross_entropy");
+    const Tensor logits = logits_in.contiguous(), labels = labels_in.to(torch::kLong).contiguous();
+    const int64_t rows = logits.size(0), C = logits.size(1);
+    Tensor loss = torch::empty({rows}, logits.options().dtype(acc_type(logits))), lse = torch::empty_like(loss);
+    with_dtype(logits.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      for_chunks(rows, [&](int64_t, int64_t r0, int64_t r1) {
+        cross_entropy_rows<T>(ptr<T>(logits), labels.data_ptr<int64_t>(), C, ptr<Acc<T>>(loss), ptr<Acc<T>>(lse), r0,
+                              r1);
+      });
+    });
+    ctx->save_for_backward({logits, labels, lse});
+    return loss.sum() / static_cast<double>(rows);  // summed in a fixed order by one thread (rows is small)
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    RECORD_USER_SCOPE("bs::cross_entropy_backward");
+    const auto saved = ctx->get_saved_variables();
+    const Tensor &logits = saved[0], &labels = saved[1], &lse = saved[2];
+    const int64_t rows = logits.size(0), C = logits.size(1);
+    const double g = grads[0].item<double>() / static_cast<double>(rows);
+    Tensor d = torch::empty_like(logits);
+    with_dtype(logits.scalar_type(), [&](auto tag) {
+      using T = decltype(tag);
+      for_chunks(rows, [&](int64_t, int64_t r0, int64_t r1) {
+        cross_entropy_grad_rows<T>(ptr<T>(logits), labels.data_ptr<int64_t>(), ptr<Acc<T>>(lse), static_cast<Acc<T>>(g),
+                                   C, ptr<T>(d), r0, r1);
+      });
+    });
+    return {d, Tensor()};
+  }
+};
+
 }  // namespace
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& labels) {
+  check_input(logits, "cross_entropy");
+  check(logits.dim() == 2 && logits.size(0) > 0, "cross_entropy: logits must be [rows > 0, classes]");
+  check(labels.dim() == 1 && labels.size(0) == logits.size(0), "cross_entropy: one label per row of the logits");
+  if (labels.numel() > 0) {
+    const auto lo = labels.min().item<int64_t>(), hi = labels.max().item<int64_t>();
+    check(lo >= 0 && hi < logits.size(1), "cross_entropy: labels must be class indices in [0, " +
+                                              std::to_string(logits.size(1)) + "), got [" + std::to_string(lo) + ", " +
+                                              std::to_string(hi) + "]");
+  }
+  return CrossEntropy::apply(logits, labels);
+}
 
 Tensor softmax_dropout(const Tensor& scores, const Tensor& key_bias, double p, bool training) {
   check_input(scores, "softmax_dropout");

@@ -23,6 +23,11 @@ torch::Tensor bias_dropout_add_layer_norm(const torch::Tensor& x, const torch::T
 // [sequences, keys] (no gradient). Softmax in float; backward from the saved softmax and keep bits.
 torch::Tensor softmax_dropout(const torch::Tensor& scores, const torch::Tensor& key_bias, double p, bool training);
 
+// Mean cross-entropy of logits [rows, classes] against class indices [rows]: log-softmax and NLL in one pass,
+// float arithmetic on bf16 logits (no float copy of the logits), backward written straight into the logits'
+// dtype. Returns a float scalar (double for double logits).
+torch::Tensor cross_entropy(const torch::Tensor& logits, const torch::Tensor& labels);
+
 // Inverted dropout with a Philox mask (identity when !training or p == 0).
 torch::Tensor dropout(const torch::Tensor& x, double p, bool training);
 

@@ -403,6 +403,67 @@ BS_INLINE void softmax_dropout_grad_body(const T* __restrict dprobs, const T* __
   }
 }
 
+// Row max with 16 lanes (exact in any order) and the sum of exp(x - max) with 16 fixed lanes.
+template <class T>
+BS_INLINE Acc<T> max_row(const T* __restrict x, int64_t C) {
+  using A = Acc<T>;
+  A lanes[16];
+  for (int k = 0; k < 16; ++k) lanes[k] = -std::numeric_limits<A>::infinity();
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16)
+    for (int k = 0; k < 16; ++k) {
+      const A v = load(x[c + k]);
+      lanes[k] = v > lanes[k] ? v : lanes[k];
+    }
+  for (int k = 0; c < C; ++c, ++k) {
+    const A v = load(x[c]);
+    lanes[k] = v > lanes[k] ? v : lanes[k];
+  }
+  A m = lanes[0];
+  for (int k = 1; k < 16; ++k) m = lanes[k] > m ? lanes[k] : m;
+  return m;
+}
+template <class T>
+BS_INLINE Acc<T> sum_exp_row(const T* __restrict x, Acc<T> m, int64_t C) {
+  using A = Acc<T>;
+  A lanes[16] = {};
+  int64_t c = 0;
+  for (; c + 16 <= C; c += 16)
+    for (int k = 0; k < 16; ++k) lanes[k] += exp_f(load(x[c + k]) - m);
+  for (int k = 0; c < C; ++c, ++k) lanes[k] += exp_f(load(x[c]) - m);
+  A s = 0;
+  for (int k = 0; k < 16; ++k) s += lanes[k];
+  return s;
+}
+
+template <class T>
+BS_INLINE void cross_entropy_body(const T* __restrict logits, const int64_t* __restrict labels, int64_t cols,
+                                  Acc<T>* __restrict loss, Acc<T>* __restrict lse, int64_t begin, int64_t end) {
+  using A = Acc<T>;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* __restrict x = logits + r * cols;
+    const A m = max_row(x, cols);
+    const A l = m + std::log(sum_exp_row(x, m, cols));
+    lse[r] = l;
+    loss[r] = l - load(x[labels[r]]);
+  }
+}
+
+template <class T>
+BS_INLINE void cross_entropy_grad_body(const T* __restrict logits, const int64_t* __restrict labels,
+                                       const Acc<T>* __restrict lse, Acc<T> scale, int64_t cols, T* __restrict dlogits,
+                                       int64_t begin, int64_t end) {
+  using A = Acc<T>;
+  for (int64_t r = begin; r < end; ++r) {
+    const T* __restrict x = logits + r * cols;
+    T* __restrict d = dlogits + r * cols;
+    const A l = lse[r];
+    for (int64_t c = 0; c < cols; ++c) store(d + c, exp_f(load(x[c]) - l) * scale);
+    const int64_t y = labels[r];
+    store(d + y, (exp_f(load(x[y]) - l) - A(1)) * scale);
+  }
+}
+
 // Dropout keep bits (Philox.h's layout) for rows [begin, end): Philox4x32-10 for 16 blocks at a time in
 // structure-of-arrays form, so the 32x32->64 multiplies of a round are one vector instruction per 8 or 16
 // lanes (vpmuludq), then a compare and bit pack per row. Same words as philox4x32_10 for every block.
@@ -513,6 +574,12 @@ BS_VARIANTS(softmax, softmax_dropout_body, (const SoftmaxArgs<T>& a, int64_t b, 
 BS_VARIANTS(softmax_grad, softmax_dropout_grad_body,
             (const T* dp, const T* y, const uint8_t* bits, Acc<T> s, int64_t cols, T* ds, int64_t b, int64_t e),
             (dp, y, bits, s, cols, ds, b, e))
+BS_VARIANTS(xent, cross_entropy_body,
+            (const T* x, const int64_t* y, int64_t cols, Acc<T>* loss, Acc<T>* lse, int64_t b, int64_t e),
+            (x, y, cols, loss, lse, b, e))
+BS_VARIANTS(xent_grad, cross_entropy_grad_body,
+            (const T* x, const int64_t* y, const Acc<T>* lse, Acc<T> s, int64_t cols, T* d, int64_t b, int64_t e),
+            (x, y, lse, s, cols, d, b, e))
 BS_VARIANTS(mscale, masked_scale_body,
             (const T* x, const uint8_t* bits, Acc<T> s, T* y, int64_t cols, int64_t b, int64_t e),
             (x, bits, s, y, cols, b, e))
@@ -603,7 +670,9 @@ void layer_norm_grad_rows(const LnGradArgs<T>& a, int64_t begin, int64_t end) {
 }
 template <class T>
 void masked_scale_rows(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y, int64_t cols, int64_t begin,
-                       int64_t end){BS_DISPATCH(mscale, (x, keep_bits, scale, y, cols, begin, end))}
+                       int64_t end) {
+  BS_DISPATCH(mscale, (x, keep_bits, scale, y, cols, begin, end))
+}
 
 template <class T>
 void softmax_dropout_rows(const SoftmaxArgs<T>& a, int64_t begin, int64_t end) {
@@ -615,6 +684,16 @@ void softmax_dropout_grad_rows(const T* dprobs, const T* y, const uint8_t* keep_
   BS_DISPATCH(softmax_grad, (dprobs, y, keep_bits, keep_scale, cols, dscores, begin, end))
 }
 
+template <class T>
+void cross_entropy_rows(const T* logits, const int64_t* labels, int64_t cols, Acc<T>* loss, Acc<T>* lse, int64_t begin,
+                        int64_t end) {
+  BS_DISPATCH(xent, (logits, labels, cols, loss, lse, begin, end))
+}
+template <class T>
+void cross_entropy_grad_rows(const T* logits, const int64_t* labels, const Acc<T>* lse, Acc<T> scale, int64_t cols,
+                             T* dlogits, int64_t begin, int64_t end){
+    BS_DISPATCH(xent_grad, (logits, labels, lse, scale, cols, dlogits, begin, end))}
+
 #define BS_INSTANTIATE(T)                                                                                          \
   template void bias_gelu_rows<T>(const T*, const Acc<T>*, T*, int64_t, int64_t, int64_t);                         \
   template void bias_gelu_grad_rows<T>(const T*, const T*, const Acc<T>*, T*, Acc<T>*, int64_t, int64_t, int64_t); \
@@ -622,7 +701,11 @@ void softmax_dropout_grad_rows(const T* dprobs, const T* y, const uint8_t* keep_
   template void layer_norm_grad_rows<T>(const LnGradArgs<T>&, int64_t, int64_t);                                   \
   template void masked_scale_rows<T>(const T*, const uint8_t*, Acc<T>, T*, int64_t, int64_t, int64_t);             \
   template void softmax_dropout_rows<T>(const SoftmaxArgs<T>&, int64_t, int64_t);                                  \
-  template void softmax_dropout_grad_rows<T>(const T*, const T*, const uint8_t*, Acc<T>, int64_t, T*, int64_t, int64_t);
+  template void softmax_dropout_grad_rows<T>(const T*, const T*, const uint8_t*, Acc<T>, int64_t, T*, int64_t,     \
+                                             int64_t);                                                             \
+  template void cross_entropy_rows<T>(const T*, const int64_t*, int64_t, Acc<T>*, Acc<T>*, int64_t, int64_t);      \
+  template void cross_entropy_grad_rows<T>(const T*, const int64_t*, const Acc<T>*, Acc<T>, int64_t, T*, int64_t,  \
+                                           int64_t);
 BS_INSTANTIATE(float) BS_INSTANTIATE(double) BS_INSTANTIATE(Bf16)
 
 }  // namespace bs::kernels

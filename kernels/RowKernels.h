@@ -80,7 +80,7 @@ void masked_scale_rows(const T* x, const uint8_t* keep_bits, Acc<T> scale, T* y,
 template <class T>
 struct SoftmaxArgs {
   const T* scores = nullptr;
-  const Acc<T>* key_bias = nullptr;    // [sequences, cols]: 0 or the mask's large negative
+  const Acc<T>* key_bias = nullptr;  // [sequences, cols]: 0 or the mask's large negative
   int64_t rows_per_bias = 1;
   const uint8_t* keep_bits = nullptr;  // or null: no dropout, probs is not written
   Acc<T> keep_scale = 1;
@@ -94,6 +94,15 @@ void softmax_dropout_rows(const SoftmaxArgs<T>& a, int64_t begin, int64_t end);
 template <class T>
 void softmax_dropout_grad_rows(const T* dprobs, const T* y, const uint8_t* keep_bits, Acc<T> keep_scale, int64_t cols,
                                T* dscores, int64_t begin, int64_t end);
+
+// Cross-entropy rows: loss[r] = logsumexp(logits[r]) - logits[r][label[r]], lse[r] kept for backward; and
+// dlogits[r] = (softmax(logits[r]) - onehot(label[r])) * scale. Labels are checked by the caller.
+template <class T>
+void cross_entropy_rows(const T* logits, const int64_t* labels, int64_t cols, Acc<T>* loss, Acc<T>* lse, int64_t begin,
+                        int64_t end);
+template <class T>
+void cross_entropy_grad_rows(const T* logits, const int64_t* labels, const Acc<T>* lse, Acc<T> scale, int64_t cols,
+                             T* dlogits, int64_t begin, int64_t end);
 
 using Bf16 = uint16_t;
 

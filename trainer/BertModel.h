@@ -115,6 +115,7 @@ class BertForPretrainingImpl : public torch::nn::Module {
   BertOutputs forward(const BertInputs& in);
   const ModelConfig& config() const { return cfg_; }
   int64_t num_parameters() const;
+  bool fused_kernels() const;  // model.kernels resolves to the fused path (kernels/FusedOps.h)
 
   BertEmbeddings embeddings{nullptr};
   torch::nn::ModuleList encoder{nullptr};
@@ -127,12 +128,13 @@ class BertForPretrainingImpl : public torch::nn::Module {
 TORCH_MODULE(BertForPretraining);
 
 // MLM cross-entropy over masked positions (mean) + NSP cross-entropy (mean); returns {total, mlm, nsp}.
-// Reduced-precision logits are upcast to float32 for the loss.
+// Reduced-precision logits are upcast to float32 for the loss; `fused` (CPU): kernels::cross_entropy, float
+// arithmetic on the logits as they are, no float copy.
 struct PretrainingLoss {
   torch::Tensor total, mlm, nsp;
 };
 PretrainingLoss pretraining_loss(const BertOutputs& out, const torch::Tensor& mlm_labels,
-                                 const torch::Tensor& nsp_labels);
+                                 const torch::Tensor& nsp_labels, bool fused = false);
 
 // Training FLOPs of one step on a micro-batch of `rows` rows of `row_len` tokens with `masked_tokens` MLM
 // predictions (formula in BertModel.cpp).

@@ -375,6 +375,7 @@ class TrainingLoop {
   ThroughputWindow window_;
   double last_loss_ = NAN;
   std::unique_ptr<OpProfile> op_profile_;  // log.op_profile, rank 0 only
+  bool fused_loss_ = false;                // model.kernels resolves to fused: the loss too
 };
 
 TrainingLoop::TrainingLoop(const TrainConfig& cfg, const TrainOptions& opt)
@@ -424,6 +425,7 @@ void TrainingLoop::build_model() {
   // Mixed precision: forward/backward on a bf16 copy refreshed from the masters after every step.
   if (precision_.mixed()) compute_ = std::make_unique<ComputeCopy>(model_, *optimizer_, precision_.compute);
   net_ = compute_ ? &compute_->model() : &model_;
+  fused_loss_ = (*net_)->fused_kernels();
   // Dropout differs per rank (as in data-parallel BERT), reproducibly.
   torch::manual_seed(static_cast<uint64_t>(cfg_.seed) * 1000003ULL + static_cast<uint64_t>(rank_) + 1);
   schedule_.emplace(cfg_.schedule, cfg_.optimizer.lr, total_steps_);
@@ -646,7 +648,7 @@ torch::Tensor TrainingLoop::forward_backward(const std::vector<MicroBatch>& micr
     computed += b.computed_tokens;
     bucketer_->begin_micro(i + 1 == micro.size());  // only the last micro-batch's backward communicates
     auto out = (*net_)->forward(b.inputs);
-    auto loss = pretraining_loss(out, b.mlm_labels, b.nsp_labels);
+    auto loss = pretraining_loss(out, b.mlm_labels, b.nsp_labels, fused_loss_);
     // Weight by this micro-batch's share of the rank's samples: accumulation sums to the batch mean.
     const double w = static_cast<double>(b.samples) / static_cast<double>(std::max<int64_t>(1, local_samples));
     (loss.total * w).backward();

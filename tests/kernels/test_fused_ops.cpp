@@ -292,8 +292,9 @@ TEST(FusedOps, SoftmaxDropoutMatchesLibTorchInFloat32AndBf16WithPaddingOnEveryIs
         const auto got = run_with_grads(fused, {scores}, dy);
         expect_close(got, want, 1e-5, 1e-6, "fp32 " + what);
         // A padded key gets exactly nothing.
-        EXPECT_EQ(got[0].index({1, torch::indexing::Slice(), torch::indexing::Slice(), L - 1}).abs().max().item<float>(),
-                  0.0f);
+        EXPECT_EQ(
+            got[0].index({1, torch::indexing::Slice(), torch::indexing::Slice(), L - 1}).abs().max().item<float>(),
+            0.0f);
         // bf16: the softmax and the result each rounded once (2^-8 relative); the gradient from the bf16 softmax.
         const auto got16 = run_with_grads(fused, {scores.to(torch::kBFloat16)}, dy);
         expect_close({got16[0]}, {want16[0]}, 1e-2, 1e-3, "bf16 " + what);
@@ -301,6 +302,48 @@ TEST(FusedOps, SoftmaxDropoutMatchesLibTorchInFloat32AndBf16WithPaddingOnEveryIs
       }
     }
   }
+}
+
+TEST(FusedOps, CrossEntropyGradientsMatchFiniteDifferencesInFloat64) {
+  torch::manual_seed(9);
+  const auto labels = torch::tensor({3, 0, 6, 6, 1}, torch::kLong);
+  expect_gradients_match_finite_differences(
+      [labels](const std::vector<Tensor>& in) { return k::cross_entropy(in[0], labels); }, {torch::randn({5, 7}) * 2},
+      "cross entropy");
+}
+
+TEST(FusedOps, CrossEntropyMatchesLibTorchInFloat32AndBf16OnEveryIsa) {
+  torch::manual_seed(10);
+  for (auto shape : {std::vector<int64_t>{37, 1031}, std::vector<int64_t>{3, 2}}) {
+    const auto logits = torch::randn(shape) * 4;
+    const auto labels = torch::randint(shape[1], {shape[0]}, torch::kLong);
+    auto reference = [&](const std::vector<Tensor>& in) {
+      return torch::nll_loss(torch::log_softmax(in[0].to(torch::kFloat), -1), labels);
+    };
+    auto fused = [&](const std::vector<Tensor>& in) { return k::cross_entropy(in[0], labels); };
+    const auto want = run_with_grads(reference, {logits}, torch::ones({}));
+    const auto want16 = run_with_grads(reference, {logits.to(torch::kBFloat16)}, torch::ones({}));
+    for (auto isa : runnable_isas()) {
+      IsaGuard guard(isa);
+      const std::string what = "classes " + std::to_string(shape[1]) + " " + k::isa_name(isa);
+      expect_close(run_with_grads(fused, {logits}, torch::ones({})), want, 1e-5, 1e-7, "fp32 " + what);
+      // bf16 logits: the loss in float from the same bf16 values; the gradient rounded once to bf16.
+      const auto got16 = run_with_grads(fused, {logits.to(torch::kBFloat16)}, torch::ones({}));
+      EXPECT_EQ(got16[0].scalar_type(), torch::kFloat);
+      expect_close(got16, want16, 1e-2, 1e-6, "bf16 " + what);
+    }
+  }
+}
+
+TEST(FusedOps, CrossEntropyRefusesLabelsOutsideTheClasses) {
+  const auto logits = torch::randn({2, 5});
+  try {
+    k::cross_entropy(logits, torch::tensor({1, 5}, torch::kLong));
+    FAIL() << "a label of 5 with 5 classes was accepted";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("[0, 5)"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(k::cross_entropy(logits, torch::tensor({-1, 0}, torch::kLong)), std::invalid_argument);
 }
 
 TEST(FusedOps, ForcingAnIsaTheCpuLacksIsRefused) {

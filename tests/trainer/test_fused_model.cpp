@@ -54,7 +54,7 @@ struct Result {
 Result loss_and_grads(bs::BertForPretraining& model, const bs::BertInputs& in, const torch::Tensor& mlm,
                       const torch::Tensor& nsp) {
   model->zero_grad();
-  auto loss = bs::pretraining_loss(model->forward(in), mlm, nsp).total;
+  auto loss = bs::pretraining_loss(model->forward(in), mlm, nsp, model->fused_kernels()).total;
   loss.backward();
   Result r{loss.item<double>(), {}};
   for (auto& p : model->parameters()) r.grads.push_back(p.grad().to(torch::kFloat).clone());

@@ -301,7 +301,8 @@ TEST(TrainE2E, FusedBf16WithDropoutCheckpointResumeMatchesUninterruptedRun) {
   ASSERT_FALSE(a.empty());
   EXPECT_TRUE(a == b) << "the resumed fused bf16 run differs from the uninterrupted one";
   // Dropout is really on: the same run without it ends elsewhere.
-  auto nodrop = train_mp(dir, "bf16", kMpFull, "", false, dir + "/nodrop.bin", {"model.kernels=fused", "model.dropout=0.0"});
+  auto nodrop =
+      train_mp(dir, "bf16", kMpFull, "", false, dir + "/nodrop.bin", {"model.kernels=fused", "model.dropout=0.0"});
   ASSERT_EQ(nodrop.exit_code, 0) << nodrop.err;
   EXPECT_TRUE(read_floats(dir + "/nodrop.bin") != a);
   fs::remove_all(dir);
