@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "kernels/FusedOptimizer.h"
 #include "kernels/Philox.h"
 #include "kernels/RowKernels.h"
 
@@ -390,6 +391,21 @@ Tensor dropout(const Tensor& x, double p, bool training) {
   if (!training || p == 0 || x.numel() == 0) return x;
   check_input(x, "dropout");
   return PhiloxDropout::apply(x, p);
+}
+
+void adam_step(float* p, const float* g, float* m, float* v, int64_t n, const AdamStepArgs& s) {
+  RECORD_USER_SCOPE("bs::fused_adam");
+  AdamRowArgs a;
+  a.decay_mult = static_cast<float>(s.decoupled ? 1.0 - s.lr * s.weight_decay : 1.0);
+  a.l2 = static_cast<float>(s.decoupled ? 0.0 : s.weight_decay);
+  a.b1 = static_cast<float>(s.beta1);
+  a.b2 = static_cast<float>(s.beta2);
+  a.eps = static_cast<float>(s.eps);
+  a.step_size = static_cast<float>(s.step_size);
+  a.inv_sqrt_bc2 = static_cast<float>(1.0 / s.sqrt_bc2);
+  constexpr int64_t kChunk = 1 << 14;  // elements: element-wise, so any split gives the same result
+  at::parallel_for(0, (n + kChunk - 1) / kChunk, 1,
+                   [&](int64_t c0, int64_t c1) { adam_rows(p, g, m, v, a, c0 * kChunk, std::min(n, c1 * kChunk)); });
 }
 
 const char* kernel_isa() { return isa_name(active_isa()); }

@@ -464,6 +464,21 @@ BS_INLINE void cross_entropy_grad_body(const T* __restrict logits, const int64_t
   }
 }
 
+BS_INLINE void adam_body(float* __restrict p, const float* __restrict g, float* __restrict m, float* __restrict v,
+                         const AdamRowArgs& a, int64_t begin, int64_t end) {
+  const float decay = a.decay_mult, l2 = a.l2, b1 = a.b1, b2 = a.b2, eps = a.eps, step = a.step_size;
+  const float inv_bc2 = a.inv_sqrt_bc2, c1 = 1.0f - b1, c2 = 1.0f - b2;
+  for (int64_t i = begin; i < end; ++i) {
+    const float pi = p[i] * decay;
+    const float gi = g[i] + l2 * p[i];  // l2 = 0 for AdamW
+    const float mi = b1 * m[i] + c1 * gi;
+    const float vi = b2 * v[i] + c2 * gi * gi;
+    m[i] = mi;
+    v[i] = vi;
+    p[i] = pi + step * mi / (std::sqrt(vi) * inv_bc2 + eps);
+  }
+}
+
 // Dropout keep bits (Philox.h's layout) for rows [begin, end): Philox4x32-10 for 16 blocks at a time in
 // structure-of-arrays form, so the 32x32->64 multiplies of a round are one vector instruction per 8 or 16
 // lanes (vpmuludq), then a compare and bit pack per row. Same words as philox4x32_10 for every block.
@@ -597,6 +612,19 @@ __attribute__((target("avx2,fma"))) void keep_bits_avx2(uint64_t key, uint32_t t
 void keep_bits_scalar(uint64_t key, uint32_t t, int64_t b, int64_t e, int64_t cols, uint8_t* bits) {
   keep_bits_body(key, t, b, e, cols, bits);
 }
+#if defined(__x86_64__)
+__attribute__((target("arch=x86-64-v4"))) void adam_avx512(float* p, const float* g, float* m, float* v,
+                                                           const AdamRowArgs& a, int64_t b, int64_t e) {
+  adam_body(p, g, m, v, a, b, e);
+}
+__attribute__((target("avx2,fma"))) void adam_avx2(float* p, const float* g, float* m, float* v, const AdamRowArgs& a,
+                                                   int64_t b, int64_t e) {
+  adam_body(p, g, m, v, a, b, e);
+}
+#endif
+void adam_scalar(float* p, const float* g, float* m, float* v, const AdamRowArgs& a, int64_t b, int64_t e) {
+  adam_body(p, g, m, v, a, b, e);
+}
 
 std::atomic<int> forced_isa{-1};
 
@@ -649,6 +677,17 @@ void dropout_keep_bits(uint64_t key, uint32_t threshold, int64_t row_begin, int6
   }
 #endif
   keep_bits_scalar(key, threshold, row_begin, row_end, cols, bits);
+}
+
+void adam_rows(float* p, const float* g, float* m, float* v, const AdamRowArgs& a, int64_t begin, int64_t end) {
+#if defined(__x86_64__)
+  switch (active_isa()) {
+    case Isa::kAvx512: return adam_avx512(p, g, m, v, a, begin, end);
+    case Isa::kAvx2: return adam_avx2(p, g, m, v, a, begin, end);
+    case Isa::kScalar: break;
+  }
+#endif
+  adam_scalar(p, g, m, v, a, begin, end);
 }
 
 template <class T>

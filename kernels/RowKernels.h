@@ -104,6 +104,12 @@ template <class T>
 void cross_entropy_grad_rows(const T* logits, const int64_t* labels, const Acc<T>* lse, Acc<T> scale, int64_t cols,
                              T* dlogits, int64_t begin, int64_t end);
 
+// Adam over elements [begin, end) of flat float buffers (FusedOptimizer.h has the rule).
+struct AdamRowArgs {
+  float decay_mult = 1, l2 = 0, b1 = 0.9f, b2 = 0.999f, eps = 1e-8f, step_size = 0, inv_sqrt_bc2 = 1;
+};
+void adam_rows(float* p, const float* g, float* m, float* v, const AdamRowArgs& a, int64_t begin, int64_t end);
+
 using Bf16 = uint16_t;
 
 }  // namespace bs::kernels

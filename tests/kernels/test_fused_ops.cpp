@@ -11,6 +11,7 @@
 
 #include "kernels/FusedOps.h"
 #include "kernels/Philox.h"
+#include "kernels/FusedOptimizer.h"
 #include "kernels/RowKernels.h"
 
 namespace {
@@ -344,6 +345,45 @@ TEST(FusedOps, CrossEntropyRefusesLabelsOutsideTheClasses) {
     EXPECT_NE(std::string(e.what()).find("[0, 5)"), std::string::npos) << e.what();
   }
   EXPECT_THROW(k::cross_entropy(logits, torch::tensor({-1, 0}, torch::kLong)), std::invalid_argument);
+}
+
+// The one-pass Adam update against the same rule in float64 from LibTorch ops, AdamW and L2, on a length that
+// is no multiple of the vector width or of the thread chunk, on every ISA.
+TEST(FusedAdam, OnePassUpdateMatchesTheRuleInFloat64OnEveryIsa) {
+  torch::manual_seed(12);
+  const int64_t n = (1 << 14) * 2 + 37;
+  const auto p0 = torch::randn({n}), g = torch::randn({n}), m0 = torch::randn({n}) * 0.1, v0 = torch::rand({n}) * 0.01;
+  for (const bool decoupled : {true, false}) {
+    k::AdamStepArgs a;
+    a.lr = 0.01;
+    a.beta1 = 0.9;
+    a.beta2 = 0.98;
+    a.eps = 1e-6;
+    a.weight_decay = 0.1;
+    a.step_size = -a.lr / (1 - std::pow(0.9, 3));
+    a.sqrt_bc2 = std::sqrt(1 - std::pow(0.98, 3));
+    a.decoupled = decoupled;
+    auto p = p0.to(torch::kDouble), gd = g.to(torch::kDouble);
+    if (decoupled) p = p * (1 - a.lr * a.weight_decay);
+    else
+      gd = gd + a.weight_decay * p0.to(torch::kDouble);
+    const auto m = 0.9 * m0.to(torch::kDouble) + 0.1 * gd, v = 0.98 * v0.to(torch::kDouble) + 0.02 * gd * gd;
+    const auto want = p + a.step_size * m / (v.sqrt() / a.sqrt_bc2 + a.eps);
+    for (auto isa : runnable_isas()) {
+      IsaGuard guard(isa);
+      auto pf = p0.clone(), mf = m0.clone(), vf = v0.clone();
+      k::adam_step(pf.data_ptr<float>(), g.data_ptr<float>(), mf.data_ptr<float>(), vf.data_ptr<float>(), n, a);
+      const std::string what = std::string(decoupled ? "adamw " : "adam l2 ") + k::isa_name(isa);
+      // float arithmetic and float coefficients (1 - 0.98f is 2e-8 off): a few float ulps of the terms
+      // (|p| < 5, |m| < 0.6, v < 0.4 here).
+      auto err = [](const Tensor& got, const Tensor& ref) {
+        return (got.to(torch::kDouble) - ref).abs().max().item<double>();
+      };
+      EXPECT_LT(err(pf, want), 4e-6) << what;
+      EXPECT_LT(err(mf, m), 3e-7) << what;
+      EXPECT_LT(err(vf, v), 1e-6) << what;
+    }
+  }
 }
 
 TEST(FusedOps, ForcingAnIsaTheCpuLacksIsRefused) {
