@@ -19,7 +19,8 @@ import benchlib as bl  # noqa: E402
 
 # Operator classes, first match wins: (class, test on the op name; scope-prefixed names are "bs::scope/aten::op").
 CLASSES = [
-    ("optimizer step", lambda n: n.startswith("bs::optimizer_step") or n.startswith("Optimizer.")),
+    ("optimizer step", lambda n: n.startswith("bs::optimizer_step") or n.startswith("bs::fused_adam")
+     or n.startswith("Optimizer.")),
     ("bf16 copy refresh", lambda n: n.startswith("bs::compute_copy_refresh")),
     ("clipping / bucket finish", lambda n: n.startswith("bs::bucket_finish")),
     ("data path (collate)", lambda n: n.startswith("bs::collate")),
