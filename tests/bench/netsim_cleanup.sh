@@ -32,7 +32,7 @@ check_clean() {  # check_clean WHAT
 
 # 1. A short run: each rank sees only its own address on its shaped link.
 out=$("$netsim" run --ranks 3 --rate 100mbit --prefix "$prefix" -- \
-      /bin/sh -c 'echo "rank $OMPI_COMM_WORLD_RANK $(ip -4 -o addr show eth0 | awk "{print \$4}") $(tc qdisc show dev eth0 | grep -o "tbf.*rate [0-9A-Za-z]*")"' 2>&1)
+      /bin/sh -c 'echo "rank $OMPI_COMM_WORLD_RANK $(ip -4 -o addr show eth0 | awk "{print \$4}") $(tc qdisc show dev eth0 | grep -o "tbf.*rate [0-9A-Za-z]*") session $(ls -d "$TMPDIR"/ompi.* 2>/dev/null)"' 2>&1)
 status=$?
 echo "$out"
 [ $status = 0 ] || { echo "FAIL: netsim run exited $status"; fail=1; }
@@ -40,6 +40,10 @@ for r in 0 1 2; do
   echo "$out" | grep -q "rank $r 198.18.0.$((r + 1))/24 tbf.*rate 100Mbit" ||
     { echo "FAIL: rank $r is not on 198.18.0.$((r + 1)) behind a 100 Mbit/s tbf"; fail=1; }
 done
+# Each host keeps OpenMPI's session directory in a temporary directory of its own, as separate machines do
+# (a shared one let one daemon's tree vanish under another's during orte_init).
+sessions=$(echo "$out" | grep -o 'session /[^ ]*' | sort -u | wc -l)
+[ "$sessions" = 3 ] || { echo "FAIL: the 3 hosts have $sessions distinct OpenMPI session directories, not 3"; fail=1; }
 check_clean "a completed run"
 
 # 2. Interrupted runs: the program is still running when the signal comes. (Job control on: a background
