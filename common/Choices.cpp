@@ -29,6 +29,7 @@ BS_CHOICE(GradDtype, "distributed.grad_dtype", "fp32", "compute")
 BS_CHOICE(DeviceKind, "device", "auto", "cpu", "cuda")
 BS_CHOICE(PrecisionKind, "precision", "auto", "fp32", "bf16", "fp16")
 BS_CHOICE(KernelsKind, "model.kernels", "auto", "fused", "reference")
+BS_CHOICE(UnpadKind, "model.unpad", "auto", "on", "off")
 #undef BS_CHOICE
 
 template <class E>
@@ -67,6 +68,7 @@ BS_INSTANTIATE(GradDtype)
 BS_INSTANTIATE(DeviceKind)
 BS_INSTANTIATE(PrecisionKind)
 BS_INSTANTIATE(KernelsKind)
+BS_INSTANTIATE(UnpadKind)
 #undef BS_INSTANTIATE
 
 const std::vector<std::string>& choice_values(const std::string& key) {
@@ -81,6 +83,7 @@ const std::vector<std::string>& choice_values(const std::string& key) {
     add_to<DeviceKind>(m);
     add_to<PrecisionKind>(m);
     add_to<KernelsKind>(m);
+    add_to<UnpadKind>(m);
     return m;
   }();
   static const std::vector<std::string> none;

@@ -18,6 +18,7 @@ enum class GradDtype { kFp32, kCompute };                 // distributed.grad_dt
 enum class DeviceKind { kAuto, kCpu, kCuda };             // device
 enum class PrecisionKind { kAuto, kFp32, kBf16, kFp16 };  // precision
 enum class KernelsKind { kAuto, kFused, kReference };     // model.kernels
+enum class UnpadKind { kAuto, kOn, kOff };                // model.unpad
 
 // The enum of a choice key's value; ConfigError naming the key and its values for anything else.
 template <class E>

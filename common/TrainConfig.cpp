@@ -40,6 +40,7 @@ std::vector<Field> fields_of(TrainConfig& c) {
       {"model.type_vocab_size", &c.model.type_vocab_size},
       {"model.dropout", &c.model.dropout},
       {"model.kernels", &c.model.kernels},
+      {"model.unpad", &c.model.unpad},
       {"model.init_checkpoint", &c.model.init_checkpoint},
       {"data.dir", &c.data.dir},
       {"data.eval_file", &c.data.eval_file},
@@ -693,6 +694,7 @@ void TrainConfig::validate(const std::string& source) const {
   k.one_of("device", device);
   k.one_of("precision", precision);
   k.one_of("model.kernels", model.kernels);
+  k.one_of("model.unpad", model.unpad);
   k.one_of("log.submission_division", log.submission_division);
   k.one_of("log.submission_status", log.submission_status);
   if (log.submission_org.empty()) k.fail("log.submission_org", "must not be empty (the MLLOG's submission_org)");

@@ -27,6 +27,10 @@ struct ModelConfig {
   // stays the numerical reference. auto = fused wherever it is built (x86-64; BENCHMARKS.md section 10); GPUs:
   // LibTorch's ops either way.
   std::string kernels = "auto";
+  // auto | on | off: the token-wise work (embeddings, QKV, projections, FFN, LayerNorm, GELU, dropout) only on
+  // the real tokens of a micro-batch, attention on the padded [B, L] view. auto = on on the CPU; on CUDA off
+  // (finding the real tokens reads the mask on the host, and CUDA graphs need fixed shapes).
+  std::string unpad = "auto";
   // Start training from these weights: a bertsweep checkpoint-<step>.pt, or a PyTorch state dict (torch.save)
   // with Hugging Face / NVIDIA BERT parameter names. Empty: random initialisation from `seed`.
   std::string init_checkpoint;

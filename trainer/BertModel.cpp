@@ -99,6 +99,15 @@ bool use_fused_kernels(const ModelConfig& cfg) {
       "BertForPretraining: model.kernels: fused is not built for this CPU (x86-64 only); use auto or reference");
 }
 
+bool use_unpadded(const ModelConfig& cfg, const torch::Device& device) {
+  switch (parse_choice<UnpadKind>(cfg.unpad)) {
+    case UnpadKind::kOn: return true;
+    case UnpadKind::kOff: return false;
+    case UnpadKind::kAuto: break;
+  }
+  return device.is_cpu();
+}
+
 torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options) {
   const auto& ids = in.attention_ids;
   const int64_t B = ids.size(0), L = ids.size(1);
@@ -122,10 +131,14 @@ BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) : dropout(cfg.dro
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
 }
 
-torch::Tensor BertEmbeddingsImpl::forward(const BertInputs& in) {
-  auto x = word_embeddings->forward(in.input_ids.reshape({-1}));
-  x = x + position_embeddings->forward(in.position_ids.reshape({-1}));
-  x.add_(token_type_embeddings->forward(in.segment_ids.reshape({-1})));
+torch::Tensor BertEmbeddingsImpl::forward(const BertInputs& in, const torch::Tensor& real_rows) {
+  auto ids = [&](const torch::Tensor& t) {
+    auto flat = t.reshape({-1});
+    return real_rows.defined() ? flat.index_select(0, real_rows) : flat;
+  };
+  auto x = word_embeddings->forward(ids(in.input_ids));
+  x = x + position_embeddings->forward(ids(in.position_ids));
+  x.add_(token_type_embeddings->forward(ids(in.segment_ids)));
   if (fused && x.is_cpu()) {
     auto y =
         kernels::bias_dropout_add_layer_norm(x, {}, {}, LayerNorm->weight, LayerNorm->bias, 0, false, kLayerNormEps);
@@ -167,11 +180,18 @@ BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg)
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
 }
 
-torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows,
-                                         int64_t row_len) {
-  const int64_t H = x.size(1), d = H / heads;
+torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const TokenLayout& layout) {
+  const int64_t H = x.size(1), d = H / heads, rows = layout.rows, row_len = layout.row_len;
+  const auto& bias = layout.bias;
+  auto qkv_rows = qkv->forward(x);
+  // Unpadded: the T real rows into the padded [B*L, 3H] that attention reads. Padding keys get zero rows
+  // instead of projected padding embeddings; the bias masks them either way, and padding queries are dropped.
+  if (layout.real_rows.defined())
+    qkv_rows = torch::zeros({rows * row_len, 3 * H}, qkv_rows.options())
+                   .index_copy_(0, layout.real_rows.narrow(0, 0, layout.real_tokens),
+                                qkv_rows.narrow(0, 0, layout.real_tokens));
   // [B*L, 3H] -> [3, B, heads, L, d]: views only, no per-head loop.
-  auto qkv_all = qkv->forward(x).view({rows, row_len, 3, heads, d}).permute({2, 0, 3, 1, 4});
+  auto qkv_all = qkv_rows.view({rows, row_len, 3, heads, d}).permute({2, 0, 3, 1, 4});
   auto q = qkv_all[0], k = qkv_all[1], v = qkv_all[2];
   const double attn_p = is_training() ? dropout : 0.0;
   const bool fuse = fused && x.is_cpu();
@@ -188,6 +208,7 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const torch::Te
     context = torch::matmul(probs, v);  // [B,h,L,d]
   }
   auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
+  if (layout.real_rows.defined()) merged = merged.index_select(0, layout.real_rows);
   if (fuse)  // the projection without its bias; bias, dropout, residual and LayerNorm in one pass
     return kernels::bias_dropout_add_layer_norm(torch::linear(merged, output->weight), output->bias, x,
                                                 LayerNorm->weight, LayerNorm->bias, dropout, is_training(),
@@ -220,8 +241,8 @@ BertLayerImpl::BertLayerImpl(const ModelConfig& cfg) {
   ffn = register_module("ffn", BertFeedForward(cfg));
 }
 
-torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows, int64_t row_len) {
-  return ffn->forward(attention->forward(x, bias, rows, row_len));
+torch::Tensor BertLayerImpl::forward(const torch::Tensor& x, const TokenLayout& layout) {
+  return ffn->forward(attention->forward(x, layout));
 }
 
 // ---------------------------------------------------------------------------------------------------------
@@ -267,14 +288,32 @@ BertOutputs BertForPretrainingImpl::forward(const BertInputs& in) {
   if (row_len > cfg_.max_position)
     throw std::invalid_argument("BertForPretraining: rows of " + std::to_string(row_len) +
                                 " tokens exceed model.max_position " + std::to_string(cfg_.max_position));
-  auto hidden = embeddings->forward(in);  // [B*L, H]
-  auto bias = attention_bias(in, hidden.options());
-  for (const auto& layer : *encoder) hidden = layer->as<BertLayerImpl>()->forward(hidden, bias, rows, row_len);
+  TokenLayout layout;
+  layout.rows = rows;
+  layout.row_len = row_len;
+  // The heads' rows among the activations: flat positions, or (unpadded) their rank among the real tokens.
+  torch::Tensor mlm_rows = in.mlm_positions, nsp_rows = in.nsp_positions;
+  if (use_unpadded(cfg_, in.input_ids.device())) {
+    const auto real = in.attention_ids.reshape({-1}).ne(0);
+    const int64_t T = real.sum().item<int64_t>();
+    const int64_t g = unpad_row_granule(rows * row_len), R = (T + g - 1) / g * g;
+    if (T > 0 && R < rows * row_len) {  // else the padded layout is as small
+      auto positions = real.nonzero().squeeze(1);
+      layout.real_rows = R == T ? positions : torch::cat({positions, positions.narrow(0, 0, 1).expand({R - T})});
+      layout.real_tokens = T;
+      const auto row_of = real.cumsum(0).sub_(1);  // masked and [CLS] positions are real tokens
+      mlm_rows = row_of.index_select(0, in.mlm_positions);
+      nsp_rows = row_of.index_select(0, in.nsp_positions);
+    }
+  }
+  auto hidden = embeddings->forward(in, layout.real_rows);  // [activation rows, H]
+  layout.bias = attention_bias(in, hidden.options());
+  for (const auto& layer : *encoder) hidden = layer->as<BertLayerImpl>()->forward(hidden, layout);
 
   BertOutputs out;
   // Gather first: the head transform and the vocab projection run on M rows, not B*L.
-  out.mlm_logits = mlm->forward(hidden.index_select(0, in.mlm_positions), embeddings->word_embeddings->weight);
-  out.nsp_logits = nsp->forward(hidden.index_select(0, in.nsp_positions));
+  out.mlm_logits = mlm->forward(hidden.index_select(0, mlm_rows), embeddings->word_embeddings->weight);
+  out.nsp_logits = nsp->forward(hidden.index_select(0, nsp_rows));
   return out;
 }
 

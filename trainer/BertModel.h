@@ -1,12 +1,15 @@
 // BERT for pretraining (MLM + NSP) on LibTorch: embeddings, post-LayerNorm encoder layers, the two heads,
 // the pretraining loss and the FLOP count the efficiency benchmark divides by.
 //
-// Activations run flat as [B*L, H] so every projection is one GEMM; attention reshapes views of the fused QKV
-// projection into [B, heads, L, head_dim] and uses batched matmul. The MLM head only sees the M masked rows.
+// Activations run flat as [rows, H] so every projection is one GEMM; attention reshapes views of the fused QKV
+// projection into [B, heads, L, head_dim] and uses batched matmul. Unpadded (model.unpad), the rows are the T
+// real tokens of the micro-batch, gathered once: only attention sees the padded [B, L] layout (the QKV rows
+// scattered into it, the context gathered back). The MLM head only sees the M masked rows.
 // Everything follows the dtype/device of the parameters and inputs (float32, float64, bf16, CUDA).
 #pragma once
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cstdint>
 
 #include "common/TrainConfig.h"
@@ -24,15 +27,38 @@ struct BertOutputs {
 // (same nonzero attention id). Finite, so fully masked (padding) queries never produce NaN.
 torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options);
 
-// Whether model.kernels selects the fused CPU kernels (`fused`; `auto` is the reference path for now, see
+// Whether model.kernels selects the fused CPU kernels (`auto` = fused wherever they are built, see
 // BertModel.cpp). Throws invalid_argument for `fused` on a build without them.
 bool use_fused_kernels(const ModelConfig& cfg);
 
-// Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H].
+// Whether model.unpad computes only the real tokens of inputs on `device` (auto: on the CPU).
+bool use_unpadded(const ModelConfig& cfg, const torch::Device& device);
+// Rows that unpadded activations are rounded up to (TokenLayout::real_rows): 64, or 1/16 of a small batch's
+// padded rows, so that the rounding never costs more than 1/16 of the padded work.
+inline int64_t unpad_row_granule(int64_t padded_rows) {
+  return std::max<int64_t>(1, std::min<int64_t>(64, padded_rows / 16));
+}
+
+// Where the activation rows of the encoder sit in the [B, L] micro-batch.
+struct TokenLayout {
+  torch::Tensor bias;  // attention_bias(): [B,1,1,L] or [B,1,L,L]
+  int64_t rows = 0, row_len = 0;
+  // Unpadded: int64 [R], the flat positions (of B*L) of the T = real_tokens real tokens, then R - T copies of
+  // the first one: R is T rounded up to a multiple of unpad_row_granule(), so that the activations come in few
+  // sizes (glibc's heap reuses freed blocks of recurring sizes; with a new T every step it grew by ~0.8 GB in
+  // 60 bert-mini steps and page faults ate the gain). The copies' outputs are never read, so they get zero
+  // gradients. Undefined: the activations are all B*L rows.
+  torch::Tensor real_rows;
+  int64_t real_tokens = 0;
+  int64_t activation_rows() const { return real_rows.defined() ? real_rows.size(0) : rows * row_len; }
+};
+
+// Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H], or [T, H] of the
+// positions `real_rows` when it is defined.
 class BertEmbeddingsImpl : public torch::nn::Module {
  public:
   explicit BertEmbeddingsImpl(const ModelConfig& cfg);
-  torch::Tensor forward(const BertInputs& in);
+  torch::Tensor forward(const BertInputs& in, const torch::Tensor& real_rows = {});
 
   torch::nn::Embedding word_embeddings{nullptr};  // also the (tied) MLM decoder weight
   torch::nn::Embedding position_embeddings{nullptr};
@@ -47,8 +73,8 @@ TORCH_MODULE(BertEmbeddings);
 class BertAttentionImpl : public torch::nn::Module {
  public:
   explicit BertAttentionImpl(const ModelConfig& cfg);
-  // x: [B*L, H]; bias: from attention_bias().
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows, int64_t row_len);
+  // x: [layout.activation_rows(), H].
+  torch::Tensor forward(const torch::Tensor& x, const TokenLayout& layout);
 
   torch::nn::Linear qkv{nullptr};     // H -> 3H: [query; key; value]
   torch::nn::Linear output{nullptr};  // H -> H
@@ -76,7 +102,7 @@ TORCH_MODULE(BertFeedForward);
 class BertLayerImpl : public torch::nn::Module {
  public:
   explicit BertLayerImpl(const ModelConfig& cfg);
-  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& bias, int64_t rows, int64_t row_len);
+  torch::Tensor forward(const torch::Tensor& x, const TokenLayout& layout);
 
   BertAttention attention{nullptr};
   BertFeedForward ffn{nullptr};
