@@ -5,7 +5,9 @@ Python eager autocast bf16 user (torch.profiler self CPU times, `python_baseline
 batch 64, seq 128, dropout 0.1, 2 threads. Each side's seconds are per step over the same timed steps (warm-up
 excluded). Writes bench/results/op_profile.{json,md}.
 
-  bench/op_profile.py [--threads 2] [--model mini|base] [--steps 9]   (base: batch 16; writes op_profile_base.*)
+  bench/op_profile.py [--threads 2] [--model mini|base] [--steps 9] [--precision bf16|fp32]
+  (base: batch 16, writes op_profile_base.*; fp32: both bertsweep sides in fp32 and the Python side eager fp32,
+  writes op_profile[_base]_fp32.*)
 
 Profiling costs a few percent on each side (a callback per op); use scripts/bench precision for throughput.
 """
@@ -73,6 +75,7 @@ def main():
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--model", default="mini")
     ap.add_argument("--steps", type=int, default=9)
+    ap.add_argument("--precision", default="bf16", choices=["bf16", "fp32"])
     a = ap.parse_args()
     batch, window = (16, 2) if a.model == "base" else (64, 3)
     shape = {"model.layers": "12", "model.hidden": "768", "model.heads": "12", "model.intermediate": "3072"}
@@ -83,19 +86,20 @@ def main():
         tsv = tempfile.NamedTemporaryFile(prefix="bs-prof-", suffix=".tsv", delete=False).name
         sets = bl.fixed_budget_sets(batch * a.steps, window, a.threads)
         sets.update({"batch.global": str(batch), "batch.micro": str(batch), "data.sampler": "local_presort",
-                     "model.dropout": "0.1", "precision": "bf16", "model.kernels": kernels, "log.op_profile": tsv})
+                     "model.dropout": "0.1", "precision": a.precision, "model.kernels": kernels, "log.op_profile": tsv})
         if a.model == "base":
             sets.update(shape)
         r = bl.run_train("mini", sets, label=f"profile {kernels}", timeout=3000)
-        label = "bertsweep bf16 " + ("reference" if kernels == "reference" else "fused (auto)")
+        label = f"bertsweep {a.precision} " + ("reference" if kernels == "reference" else "fused (auto)")
         sides[label] = read_tsv(tsv, a.steps - window) + (r["effective_tokens_per_s"],)
         os.unlink(tsv)
         print(label, "done", flush=True)
     tsv = tempfile.NamedTemporaryFile(prefix="py-prof-", suffix=".tsv", delete=False).name
     py_steps, py_warm = (3, 1) if a.model == "base" else (6, 2)
     r = bl.run_python(a.model, py_steps, py_warm, a.threads,
-                      extra=["--batch", str(batch), "--autocast", "--profile", "--profile-tsv", tsv])
-    sides["python autocast bf16"] = read_tsv(tsv, py_steps) + (r["effective_tokens_per_s"],)
+                      extra=["--batch", str(batch), "--profile", "--profile-tsv", tsv]
+                      + (["--autocast"] if a.precision == "bf16" else []))
+    sides["python autocast bf16" if a.precision == "bf16" else "python eager fp32"] = read_tsv(tsv, py_steps) + (r["effective_tokens_per_s"],)
     os.unlink(tsv)
     classes = [c for c, _ in CLASSES] + ["other ops (views, autograd engine, ...)", "outside any op (host glue)"]
     labels = list(sides)
@@ -111,7 +115,8 @@ def main():
         total[l + " ms/step"] = round(1000 * sides[l][1], 1)
         speed[l + " ms/step"] = round(sides[l][2])
     rows += [total, speed]
-    bl.write_results("op_profile" if a.model == "mini" else f"op_profile_{a.model}", {"machine": info, "threads": a.threads, "model": a.model, "batch": batch,
+    name = ("op_profile" if a.model == "mini" else f"op_profile_{a.model}") + ("" if a.precision == "bf16" else "_fp32")
+    bl.write_results(name, {"machine": info, "threads": a.threads, "model": a.model, "batch": batch,
                                     "rows": rows}, rows, ["class"] + [l + " ms/step" for l in labels])
 
 
