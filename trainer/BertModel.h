@@ -50,11 +50,10 @@ struct TokenLayout {
   // gradients. Undefined: the activations are all B*L rows.
   torch::Tensor real_rows;
   int64_t real_tokens = 0;
-  int64_t activation_rows() const { return real_rows.defined() ? real_rows.size(0) : rows * row_len; }
 };
 
-// Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H], or [T, H] of the
-// positions `real_rows` when it is defined.
+// Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H], or [R, H] of the
+// positions `real_rows` (TokenLayout::real_rows) when it is defined.
 class BertEmbeddingsImpl : public torch::nn::Module {
  public:
   explicit BertEmbeddingsImpl(const ModelConfig& cfg);
@@ -73,7 +72,7 @@ TORCH_MODULE(BertEmbeddings);
 class BertAttentionImpl : public torch::nn::Module {
  public:
   explicit BertAttentionImpl(const ModelConfig& cfg);
-  // x: [layout.activation_rows(), H].
+  // x: [B*L, H], or [R, H] of the positions layout.real_rows when it is defined.
   torch::Tensor forward(const torch::Tensor& x, const TokenLayout& layout);
 
   torch::nn::Linear qkv{nullptr};     // H -> 3H: [query; key; value]
