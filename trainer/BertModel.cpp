@@ -9,6 +9,7 @@
 #include <limits>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace bs {
 namespace {
@@ -108,21 +109,6 @@ bool use_unpadded(const ModelConfig& cfg, const torch::Device& device) {
   return device.is_cpu();
 }
 
-torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options) {
-  const auto& ids = in.attention_ids;
-  const int64_t B = ids.size(0), L = ids.size(1);
-  // Large but finite: exp() of it underflows to exactly 0 next to any real score, and adding a score to it
-  // cannot overflow to -inf, so a query with no allowed key gets a uniform row instead of NaN.
-  const double masked = -1e4;
-  auto opts = options.device(ids.device());
-  if (!in.packed) {
-    return (ids == 0).to(opts).mul_(masked).view({B, 1, 1, L});
-  }
-  auto same = ids.unsqueeze(2) == ids.unsqueeze(1);          // [B, L(query), L(key)]
-  auto allowed = same.logical_and_(ids.ne(0).unsqueeze(1));  // the key is a real token
-  return torch::zeros({B, 1, L, L}, opts).masked_fill_(allowed.logical_not().unsqueeze(1), masked);
-}
-
 // ---------------------------------------------------------------------------------------------------------
 BertEmbeddingsImpl::BertEmbeddingsImpl(const ModelConfig& cfg) : dropout(cfg.dropout), fused(use_fused_kernels(cfg)) {
   word_embeddings = register_module("word_embeddings", make_embedding(cfg.vocab_size, cfg.hidden));
@@ -180,21 +166,16 @@ BertAttentionImpl::BertAttentionImpl(const ModelConfig& cfg)
   LayerNorm = register_module("LayerNorm", make_layer_norm(cfg.hidden));
 }
 
-torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const TokenLayout& layout) {
-  const int64_t H = x.size(1), d = H / heads, rows = layout.rows, row_len = layout.row_len;
-  const auto& bias = layout.bias;
-  auto qkv_rows = qkv->forward(x);
-  // Unpadded: the T real rows into the padded [B*L, 3H] that attention reads. Padding keys get zero rows
-  // instead of projected padding embeddings; the bias masks them either way, and padding queries are dropped.
-  if (layout.real_rows.defined())
-    qkv_rows = torch::zeros({rows * row_len, 3 * H}, qkv_rows.options())
-                   .index_copy_(0, layout.real_rows.narrow(0, 0, layout.real_tokens),
-                                qkv_rows.narrow(0, 0, layout.real_tokens));
-  // [B*L, 3H] -> [3, B, heads, L, d]: views only, no per-head loop.
-  auto qkv_all = qkv_rows.view({rows, row_len, 3, heads, d}).permute({2, 0, 3, 1, 4});
+// Attention of `sequences` rows of `length` tokens: qkv_rows [sequences*length, 3H], bias [sequences,1,1,length]
+// (key padding) or [sequences,1,length,length] (packed, block diagonal). Returns the context, [sequences*length, H].
+torch::Tensor BertAttentionImpl::attend(const torch::Tensor& qkv_rows, const torch::Tensor& bias, int64_t sequences,
+                                        int64_t length) {
+  const int64_t H = qkv_rows.size(1) / 3, d = H / heads;
+  // [n*L, 3H] -> [3, n, heads, L, d]: views only, no per-head loop.
+  auto qkv_all = qkv_rows.view({sequences, length, 3, heads, d}).permute({2, 0, 3, 1, 4});
   auto q = qkv_all[0], k = qkv_all[1], v = qkv_all[2];
   const double attn_p = is_training() ? dropout : 0.0;
-  const bool fuse = fused && x.is_cpu();
+  const bool fuse = fused && qkv_rows.is_cpu();
   torch::Tensor context;
 #if TORCH_VERSION_MAJOR >= 2
   // PyTorch 2.x: the fused kernel (flash / memory-efficient on CUDA, math elsewhere); same 1/sqrt(d) scale.
@@ -202,13 +183,36 @@ torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const TokenLayo
   if (!reduced(q) && !fuse) context = at::scaled_dot_product_attention(q, k, v, bias, attn_p, /*is_causal=*/false);
 #endif
   if (!context.defined()) {
-    // Scale q ([B,h,L,d]) rather than the scores ([B,h,L,L]): fewer elements when L > d.
+    // Scale q ([n,h,L,d]) rather than the scores ([n,h,L,L]): fewer elements when L > d.
     auto scores = torch::matmul(q * (1.0 / std::sqrt(static_cast<double>(d))), k.transpose(-2, -1));
-    const auto probs = attention_probs(scores, bias, attn_p, fuse, rows, row_len);
-    context = torch::matmul(probs, v);  // [B,h,L,d]
+    const auto probs = attention_probs(scores, bias, attn_p, fuse, sequences, length);
+    context = torch::matmul(probs, v);  // [n,h,L,d]
   }
-  auto merged = context.permute({0, 2, 1, 3}).reshape({rows * row_len, H});
-  if (layout.real_rows.defined()) merged = merged.index_select(0, layout.real_rows);
+  return context.permute({0, 2, 1, 3}).reshape({sequences * length, H});
+}
+
+torch::Tensor BertAttentionImpl::forward(const torch::Tensor& x, const TokenLayout& layout) {
+  const int64_t H = x.size(1);
+  const bool fuse = fused && x.is_cpu();
+  auto qkv_rows = qkv->forward(x);
+  torch::Tensor merged;
+  if (!layout.unpadded()) {
+    merged = attend(qkv_rows, layout.bias, layout.rows, layout.row_len);
+  } else {
+    // The T real rows into their groups' slots. Empty slots get zero rows: the bias masks them as keys and
+    // their query outputs are never gathered.
+    const int64_t T = layout.real_tokens;
+    auto slotted = torch::zeros({layout.slots, 3 * H}, qkv_rows.options())
+                       .index_copy_(0, layout.slot_of_row.narrow(0, 0, T), qkv_rows.narrow(0, 0, T));
+    std::vector<torch::Tensor> contexts;
+    for (const auto& g : layout.groups) {
+      const int64_t n = g.sequences * g.length;
+      contexts.push_back(attend(slotted.narrow(0, g.first_slot, n),
+                                layout.bias.narrow(0, g.first_slot, n).view({g.sequences, 1, 1, g.length}), g.sequences,
+                                g.length));
+    }
+    merged = (contexts.size() == 1 ? contexts[0] : torch::cat(contexts)).index_select(0, layout.slot_of_row);
+  }
   if (fuse)  // the projection without its bias; bias, dropout, residual and LayerNorm in one pass
     return kernels::bias_dropout_add_layer_norm(torch::linear(merged, output->weight), output->bias, x,
                                                 LayerNorm->weight, LayerNorm->bias, dropout, is_training(),
@@ -284,30 +288,20 @@ BertForPretrainingImpl::BertForPretrainingImpl(const ModelConfig& cfg) : cfg_(cf
 
 BertOutputs BertForPretrainingImpl::forward(const BertInputs& in) {
   check_inputs(in);
-  const int64_t rows = in.input_ids.size(0), row_len = in.input_ids.size(1);
+  const int64_t row_len = in.input_ids.size(1);
   if (row_len > cfg_.max_position)
     throw std::invalid_argument("BertForPretraining: rows of " + std::to_string(row_len) +
                                 " tokens exceed model.max_position " + std::to_string(cfg_.max_position));
-  TokenLayout layout;
-  layout.rows = rows;
-  layout.row_len = row_len;
+  const auto layout =
+      make_token_layout(in, use_unpadded(cfg_, in.input_ids.device()), embeddings->word_embeddings->weight.options());
   // The heads' rows among the activations: flat positions, or (unpadded) their rank among the real tokens.
   torch::Tensor mlm_rows = in.mlm_positions, nsp_rows = in.nsp_positions;
-  if (use_unpadded(cfg_, in.input_ids.device())) {
-    const auto real = in.attention_ids.reshape({-1}).ne(0);
-    const int64_t T = real.sum().item<int64_t>();
-    const int64_t g = unpad_row_granule(rows * row_len), R = (T + g - 1) / g * g;
-    if (T > 0 && R < rows * row_len) {  // else the padded layout is as small
-      auto positions = real.nonzero().squeeze(1);
-      layout.real_rows = R == T ? positions : torch::cat({positions, positions.narrow(0, 0, 1).expand({R - T})});
-      layout.real_tokens = T;
-      const auto row_of = real.cumsum(0).sub_(1);  // masked and [CLS] positions are real tokens
-      mlm_rows = row_of.index_select(0, in.mlm_positions);
-      nsp_rows = row_of.index_select(0, in.nsp_positions);
-    }
+  if (layout.unpadded()) {
+    const auto row_of = in.attention_ids.reshape({-1}).ne(0).cumsum(0).sub_(1);  // masked and [CLS]: real tokens
+    mlm_rows = row_of.index_select(0, in.mlm_positions);
+    nsp_rows = row_of.index_select(0, in.nsp_positions);
   }
   auto hidden = embeddings->forward(in, layout.real_rows);  // [activation rows, H]
-  layout.bias = attention_bias(in, hidden.options());
   for (const auto& layer : *encoder) hidden = layer->as<BertLayerImpl>()->forward(hidden, layout);
 
   BertOutputs out;

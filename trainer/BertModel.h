@@ -3,8 +3,9 @@
 //
 // Activations run flat as [rows, H] so every projection is one GEMM; attention reshapes views of the fused QKV
 // projection into [B, heads, L, head_dim] and uses batched matmul. Unpadded (model.unpad), the rows are the T
-// real tokens of the micro-batch, gathered once: only attention sees the padded [B, L] layout (the QKV rows
-// scattered into it, the context gathered back). The MLM head only sees the M masked rows.
+// real tokens of the micro-batch, gathered once, and attention runs per sequence in groups of about equal
+// length (trainer/TokenLayout.h: the QKV rows scattered into the groups' slots, the context gathered back).
+// The MLM head only sees the M masked rows.
 // Everything follows the dtype/device of the parameters and inputs (float32, float64, bf16, CUDA).
 #pragma once
 #include <torch/torch.h>
@@ -14,6 +15,7 @@
 
 #include "common/TrainConfig.h"
 #include "dataset/Batch.h"
+#include "trainer/TokenLayout.h"
 
 namespace bs {
 
@@ -22,35 +24,12 @@ struct BertOutputs {
   torch::Tensor nsp_logits;  // [N, 2]: one row per entry of inputs.nsp_positions
 };
 
-// Additive attention bias in `options`' dtype: 0 where a query may attend a key, a large negative elsewhere.
-// Unpacked: [B,1,1,L] key-padding bias (attention_ids != 0). Packed: [B,1,L,L] block diagonal
-// (same nonzero attention id). Finite, so fully masked (padding) queries never produce NaN.
-torch::Tensor attention_bias(const BertInputs& in, const torch::TensorOptions& options);
-
 // Whether model.kernels selects the fused CPU kernels (`auto` = fused wherever they are built, see
 // BertModel.cpp). Throws invalid_argument for `fused` on a build without them.
 bool use_fused_kernels(const ModelConfig& cfg);
 
 // Whether model.unpad computes only the real tokens of inputs on `device` (auto: on the CPU).
 bool use_unpadded(const ModelConfig& cfg, const torch::Device& device);
-// Rows that unpadded activations are rounded up to (TokenLayout::real_rows): 64, or 1/16 of a small batch's
-// padded rows, so that the rounding never costs more than 1/16 of the padded work.
-inline int64_t unpad_row_granule(int64_t padded_rows) {
-  return std::max<int64_t>(1, std::min<int64_t>(64, padded_rows / 16));
-}
-
-// Where the activation rows of the encoder sit in the [B, L] micro-batch.
-struct TokenLayout {
-  torch::Tensor bias;  // attention_bias(): [B,1,1,L] or [B,1,L,L]
-  int64_t rows = 0, row_len = 0;
-  // Unpadded: int64 [R], the flat positions (of B*L) of the T = real_tokens real tokens, then R - T copies of
-  // the first one: R is T rounded up to a multiple of unpad_row_granule(), so that the activations come in few
-  // sizes (glibc's heap reuses freed blocks of recurring sizes; with a new T every step it grew by ~0.8 GB in
-  // 60 bert-mini steps and page faults ate the gain). The copies' outputs are never read, so they get zero
-  // gradients. Undefined: the activations are all B*L rows.
-  torch::Tensor real_rows;
-  int64_t real_tokens = 0;
-};
 
 // Word + position + segment embeddings, summed, LayerNorm, dropout. Returns [B*L, H], or [R, H] of the
 // positions `real_rows` (TokenLayout::real_rows) when it is defined.
@@ -74,6 +53,7 @@ class BertAttentionImpl : public torch::nn::Module {
   explicit BertAttentionImpl(const ModelConfig& cfg);
   // x: [B*L, H], or [R, H] of the positions layout.real_rows when it is defined.
   torch::Tensor forward(const torch::Tensor& x, const TokenLayout& layout);
+  torch::Tensor attend(const torch::Tensor& qkv_rows, const torch::Tensor& bias, int64_t sequences, int64_t length);
 
   torch::nn::Linear qkv{nullptr};     // H -> 3H: [query; key; value]
   torch::nn::Linear output{nullptr};  // H -> H

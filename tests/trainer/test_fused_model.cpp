@@ -6,10 +6,14 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <limits>
+#include <map>
 #include <ostream>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/FusedOps.h"
@@ -32,7 +36,8 @@ bs::ModelConfig small_config(const std::string& kernels, double dropout, const s
 }
 
 // Three rows of 13 tokens: full, 9 real + 4 padding, 5 real + 8 padding. Unpadded: 27 real tokens of 39, in 28
-// rows (unpad_row_granule 2), the last a copy of the first.
+// rows (unpad_row_granule 2), the last a copy of the first; attention in two groups (13 and 9 as two rows of 13
+// slots, 5 in a row of 8).
 bs::BertInputs padded_batch(torch::Tensor& mlm_labels, torch::Tensor& nsp_labels) {
   torch::manual_seed(3);
   const int64_t B = 3, L = 13;
@@ -55,7 +60,8 @@ bs::BertInputs padded_batch(torch::Tensor& mlm_labels, torch::Tensor& nsp_labels
 }
 
 // Two rows of 13 tokens, packed: row 0 holds sequences of 6 and 5 tokens + 2 padding, row 1 one sequence of
-// 8 + 5 padding (the block-diagonal attention bias, with padding).
+// 10 + 3 padding (the block-diagonal attention bias, with padding). Unpadded, attention runs in two groups:
+// the 6 and the 5 as two rows of 8 slots, the 10 as one row of 13.
 bs::BertInputs packed_batch(torch::Tensor& mlm_labels, torch::Tensor& nsp_labels) {
   torch::manual_seed(4);
   const int64_t B = 2, L = 13;
@@ -64,7 +70,7 @@ bs::BertInputs packed_batch(torch::Tensor& mlm_labels, torch::Tensor& nsp_labels
   in.segment_ids = torch::zeros({B, L}, torch::kLong);
   in.position_ids = torch::zeros({B, L}, torch::kLong);
   in.attention_ids = torch::zeros({B, L}, torch::kLong);
-  const std::vector<std::vector<int64_t>> seqs = {{6, 5}, {8}};
+  const std::vector<std::vector<int64_t>> seqs = {{6, 5}, {10}};
   for (int64_t b = 0; b < B; ++b) {
     int64_t at = 0, id = 1;
     for (int64_t n : seqs[b]) {
@@ -225,6 +231,103 @@ TEST(UnpaddedModel, AutoIsOnOnTheCpuAndOffOnCuda) {
   EXPECT_FALSE(bs::use_unpadded(small_config("auto", 0.1, "auto"), torch::Device(torch::kCUDA, 0)));
   EXPECT_TRUE(bs::use_unpadded(small_config("auto", 0.1, "on"), torch::Device(torch::kCUDA, 0)));
   EXPECT_FALSE(bs::use_unpadded(small_config("auto", 0.1, "off"), torch::Device(torch::kCPU)));
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// The unpadded attention layout on its own: every real token in exactly one slot, the tokens of a sequence
+// left-aligned in order in one row of their group, the group at most one quantum longer than the sequence, the
+// bias open exactly on the filled slots, and fewer score elements than the padded [B, L, L].
+void check_layout(const bs::BertInputs& in) {
+  const auto layout = bs::make_token_layout(in, true, torch::TensorOptions().dtype(torch::kFloat));
+  ASSERT_TRUE(layout.unpadded());
+  const int64_t L = in.input_ids.size(1), q = bs::attention_length_quantum(L), T = layout.real_tokens;
+  const auto ids = in.attention_ids.reshape({-1});
+  ASSERT_EQ(T, ids.ne(0).sum().item<int64_t>());
+  const auto positions = layout.real_rows.narrow(0, 0, T), slots = layout.slot_of_row.narrow(0, 0, T);
+  EXPECT_TRUE(torch::equal(positions, ids.ne(0).nonzero().squeeze(1)));
+  EXPECT_EQ(std::get<0>(torch::_unique(slots)).numel(), T) << "two tokens share an attention slot";
+  // The groups tile the slots, longest first.
+  int64_t at = 0;
+  for (std::size_t i = 0; i < layout.groups.size(); ++i) {
+    const auto& g = layout.groups[i];
+    EXPECT_EQ(g.first_slot, at);
+    if (i > 0) {
+      EXPECT_LT(g.length, layout.groups[i - 1].length);
+    }
+    at += g.sequences * g.length;
+  }
+  EXPECT_EQ(at, layout.slots);
+  auto group_of = [&](int64_t slot) {
+    for (const auto& g : layout.groups)
+      if (slot < g.first_slot + g.sequences * g.length) return g;
+    ADD_FAILURE() << "slot " << slot << " outside every group";
+    return bs::AttentionGroup{};
+  };
+  // Each sequence (row, attention id): its k-th token at the k-th slot of one group row.
+  std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> sequences;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t p = positions[t].item<int64_t>();
+    sequences[{p / L, ids[p].item<int64_t>()}].push_back(slots[t].item<int64_t>());
+  }
+  for (const auto& [key, seq] : sequences) {
+    const auto g = group_of(seq[0]);
+    const int64_t n = static_cast<int64_t>(seq.size());
+    EXPECT_EQ((seq[0] - g.first_slot) % g.length, 0) << "sequence of row " << key.first << " not left-aligned";
+    EXPECT_GE(g.length, n);
+    EXPECT_LT(g.length, std::min(L, n + q) + 1);
+    for (int64_t k = 0; k < n; ++k) EXPECT_EQ(seq[k], seq[0] + k);
+  }
+  EXPECT_EQ(layout.bias.numel(), layout.slots);
+  EXPECT_EQ(layout.bias.eq(0).sum().item<int64_t>(), T);
+  EXPECT_TRUE(layout.bias.index_select(0, slots).eq(0).all().item<bool>());
+  EXPECT_LT(layout.attention_scores(), in.input_ids.size(0) * L * L);
+}
+
+TEST(TokenLayout, UnpaddedAttentionPutsEachSequenceInAGroupOfItsLength) {
+  torch::Tensor mlm, nsp;
+  const auto padded = padded_batch(mlm, nsp), packed = packed_batch(mlm, nsp);
+  check_layout(padded);
+  check_layout(packed);
+  // The groups the comments of padded_batch() and packed_batch() describe.
+  const auto a = bs::make_token_layout(padded, true, torch::kFloat),
+             b = bs::make_token_layout(packed, true, torch::kFloat);
+  ASSERT_EQ(a.groups.size(), 2u);
+  EXPECT_EQ(a.groups[0].sequences, 2);
+  EXPECT_EQ(a.groups[0].length, 13);
+  EXPECT_EQ(a.groups[1].sequences, 1);
+  EXPECT_EQ(a.groups[1].length, 8);
+  ASSERT_EQ(b.groups.size(), 2u);
+  EXPECT_EQ(b.groups[0].length, 13);
+  EXPECT_EQ(b.groups[1].sequences, 2);
+  EXPECT_EQ(b.groups[1].length, 8);
+  // Random batches of 128-token rows: presorted-like lengths and packed rows of 1-5 segments.
+  torch::manual_seed(7);
+  for (int trial = 0; trial < 20; ++trial) {
+    const int64_t B = 16, L = 128;
+    bs::BertInputs in;
+    in.input_ids = torch::zeros({B, L}, torch::kLong);
+    in.attention_ids = torch::zeros({B, L}, torch::kLong);
+    in.packed = trial % 2 == 1;
+    for (int64_t b = 0; b < B; ++b) {
+      int64_t at = 0, id = 1;
+      const int64_t segments = in.packed ? torch::randint(1, 6, {1}).item<int64_t>() : 1;
+      for (int64_t s = 0; s < segments && at < L; ++s) {
+        const int64_t n = std::min(L - at, torch::randint(1, in.packed ? 60 : L + 1, {1}).item<int64_t>());
+        in.attention_ids[b].narrow(0, at, n).fill_(id++);
+        at += n;
+      }
+    }
+    SCOPED_TRACE("random batch " + std::to_string(trial));
+    check_layout(in);
+  }
+}
+
+TEST(TokenLayout, AFullUnpackedBatchStaysPadded) {
+  bs::BertInputs in;
+  in.input_ids = torch::zeros({4, 16}, torch::kLong);
+  in.attention_ids = torch::ones({4, 16}, torch::kLong);
+  EXPECT_FALSE(bs::make_token_layout(in, true, torch::kFloat).unpadded());
+  EXPECT_FALSE(bs::make_token_layout(in, false, torch::kFloat).unpadded());
 }
 
 }  // namespace
