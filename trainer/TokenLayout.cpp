@@ -17,15 +17,15 @@ torch::Tensor int64_tensor(const std::vector<int64_t>& v, const torch::Device& d
   return t.to(device);
 }
 
-// The sequences of a [B, L] batch: a sequence is the tokens of one row with the same nonzero attention id (one
-// per row unpacked, one per segment packed), numbered in row-major order of their first token.
+// The sequences of a [B, L] batch, numbered in row-major order of their first token: packed, the tokens of a row
+// with the same nonzero attention id; unpacked, all real tokens of a row (as attention_bias() masks them).
 struct Sequences {
   std::vector<int64_t> of_position;        // [B*L]: the sequence of each position, -1 for padding
   std::vector<int64_t> index_in_sequence;  // [B*L]: the token's place in its sequence
   std::vector<int64_t> length;             // [sequences]
 };
 
-Sequences find_sequences(const torch::Tensor& attention_ids) {
+Sequences find_sequences(const torch::Tensor& attention_ids, bool packed) {
   const auto ids = attention_ids.to(torch::kCPU, torch::kLong).contiguous();
   const int64_t B = ids.size(0), L = ids.size(1);
   const int64_t* id = ids.data_ptr<int64_t>();
@@ -37,9 +37,10 @@ Sequences find_sequences(const torch::Tensor& attention_ids) {
     in_row.clear();
     for (int64_t p = b * L; p < (b + 1) * L; ++p) {
       if (id[p] == 0) continue;
-      auto it = std::find_if(in_row.begin(), in_row.end(), [&](const auto& e) { return e.first == id[p]; });
+      const int64_t key = packed ? id[p] : 1;
+      auto it = std::find_if(in_row.begin(), in_row.end(), [&](const auto& e) { return e.first == key; });
       if (it == in_row.end()) {
-        in_row.emplace_back(id[p], static_cast<int64_t>(s.length.size()));
+        in_row.emplace_back(key, static_cast<int64_t>(s.length.size()));
         s.length.push_back(0);
         it = in_row.end() - 1;
       }
@@ -77,7 +78,7 @@ TokenLayout make_token_layout(const BertInputs& in, bool unpadded, const torch::
   layout.row_len = in.input_ids.size(1);
   const int64_t L = layout.row_len, padded_rows = layout.rows * L;
   if (unpadded) {
-    const auto seq = find_sequences(in.attention_ids);
+    const auto seq = find_sequences(in.attention_ids, in.packed);
     int64_t T = 0;
     for (int64_t n : seq.length) T += n;
     const int64_t g = unpad_row_granule(padded_rows), R = std::min(padded_rows, (T + g - 1) / g * g);

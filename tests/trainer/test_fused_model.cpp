@@ -267,7 +267,7 @@ void check_layout(const bs::BertInputs& in) {
   std::map<std::pair<int64_t, int64_t>, std::vector<int64_t>> sequences;
   for (int64_t t = 0; t < T; ++t) {
     const int64_t p = positions[t].item<int64_t>();
-    sequences[{p / L, ids[p].item<int64_t>()}].push_back(slots[t].item<int64_t>());
+    sequences[{p / L, in.packed ? ids[p].item<int64_t>() : 1}].push_back(slots[t].item<int64_t>());
   }
   for (const auto& [key, seq] : sequences) {
     const auto g = group_of(seq[0]);
