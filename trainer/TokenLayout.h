@@ -30,7 +30,8 @@ struct AttentionGroup {
 };
 
 // A sequence of n tokens goes into the group of length min(L, n rounded up to attention_length_quantum(L)):
-// L/8 (at least 8), so that there are at most 8 groups and a sequence never pads more than L/8 keys.
+// L/8 (at least 8), so that there are at most 8 groups. A group that would save less than 1/8 of the padded
+// score work joins the next longer one (a group has a fixed cost of its own; TokenLayout.cpp).
 inline int64_t attention_length_quantum(int64_t row_len) { return std::max<int64_t>(8, (row_len + 7) / 8); }
 
 struct TokenLayout {
