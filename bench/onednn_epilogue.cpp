@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "kernels/FusedOps.h"
+#include "trainer/Runtime.h"
 
 namespace {
 
@@ -75,7 +76,10 @@ int main(int argc, char** argv) {
     if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
     if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
   }
-  torch::set_num_threads(threads);
+  // The trainer's runtime (threads, OpenMP wait policy, glibc's heap for large tensors): without it every
+  // LibTorch output above glibc's mmap threshold comes as fresh zero-filled pages and LibTorch loses to
+  // oneDNN's preallocated outputs by the page faults alone.
+  std::printf("{\"runtime\": \"%s\"}\n", bs::describe(bs::configure_runtime(threads)).c_str());
   torch::NoGradGuard no_grad;
   const auto v = dnnl::version();
   std::printf("{\"onednn\": \"%d.%d.%d\", \"kernel_isa\": \"%s\", \"threads\": %d, \"reps\": %d}\n", v->major, v->minor,
