@@ -4,22 +4,14 @@
 //   bench_fused_ops [--threads 2] [--reps 20]
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <string>
 
+#include "bench/MicroBench.h"
 #include "kernels/FusedOps.h"
 
 namespace {
-
-double seconds_per_call(const std::function<void()>& f, int reps) {
-  f();  // warm-up (allocations, oneDNN primitives)
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) f();
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-}
 
 // forward + backward of f on fresh leaves.
 std::function<void()> fwd_bwd(std::vector<torch::Tensor> in,
@@ -35,11 +27,8 @@ std::function<void()> fwd_bwd(std::vector<torch::Tensor> in,
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, reps = 20;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-  }
+  const auto args = bs::bench::parse_micro_bench_args(argc, argv);
+  const int threads = args.threads, reps = args.reps;
   torch::set_num_threads(threads);
   const int64_t T = 64 * 128;
   std::printf("{\"kernel_isa\": \"%s\", \"threads\": %d}\n", bs::kernels::kernel_isa(), threads);
@@ -75,7 +64,8 @@ int main(int argc, char** argv) {
            fwd_bwd({probs}, [](std::vector<torch::Tensor>& t) { return bs::kernels::dropout(t[0], 0.1, true); })},
       };
       for (auto& c : cases) {
-        const double ref = seconds_per_call(c.reference, reps), fused = seconds_per_call(c.fused, reps);
+        const double ref = bs::bench::seconds_per_call(c.reference, reps),
+                     fused = bs::bench::seconds_per_call(c.fused, reps);
         std::printf(
             "{\"op\": \"%s\", \"dtype\": \"%s\", \"hidden\": %lld, \"reference_ms\": %.3f, \"fused_ms\": %.3f, "
             "\"speedup\": %.2f}\n",

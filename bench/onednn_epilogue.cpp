@@ -12,26 +12,20 @@
 #include <oneapi/dnnl/dnnl.hpp>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
-#include <cstring>
 #include <functional>
 #include <string>
 #include <unordered_map>
 #include <utility>
 #include <vector>
 
+#include "bench/MicroBench.h"
 #include "kernels/FusedOps.h"
 #include "trainer/Runtime.h"
 
 namespace {
 
-double ms_per_call(const std::function<void()>& f, int reps) {
-  f();  // warm-up: allocations, oneDNN's JIT
-  const auto t0 = std::chrono::steady_clock::now();
-  for (int i = 0; i < reps; ++i) f();
-  return 1e3 * std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() / reps;
-}
+double ms_per_call(const std::function<void()>& f, int reps) { return 1e3 * bs::bench::seconds_per_call(f, reps); }
 
 // y = x W^T + b, then GELU when `gelu`, as one oneDNN matmul primitive on the tensors' memory.
 class OnednnLinear {
@@ -71,11 +65,8 @@ class OnednnLinear {
 }  // namespace
 
 int main(int argc, char** argv) {
-  int threads = 2, reps = 20;
-  for (int i = 1; i + 1 < argc; ++i) {
-    if (!std::strcmp(argv[i], "--threads")) threads = std::atoi(argv[i + 1]);
-    if (!std::strcmp(argv[i], "--reps")) reps = std::atoi(argv[i + 1]);
-  }
+  const auto args = bs::bench::parse_micro_bench_args(argc, argv);
+  const int threads = args.threads, reps = args.reps;
   // The trainer's runtime (threads, OpenMP wait policy, glibc's heap for large tensors): without it every
   // LibTorch output above glibc's mmap threshold comes as fresh zero-filled pages and LibTorch loses to
   // oneDNN's preallocated outputs by the page faults alone.

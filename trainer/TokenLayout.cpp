@@ -62,11 +62,8 @@ void merge_small_groups(std::map<int64_t, int64_t, std::greater<>>& count, std::
   const int64_t limit = padded_scores / 8;
   int64_t added = 0;
   std::map<int64_t, int64_t> joins;  // length -> the longer length it joins
-  for (auto it = count.begin(); it != count.end();) {
-    if (it == count.begin()) {
-      ++it;
-      continue;
-    }
+  // Only groups kept so far are joined into, so a join never chains.
+  for (auto it = count.empty() ? count.end() : std::next(count.begin()); it != count.end();) {
     const auto longer = std::prev(it);
     const int64_t cost = it->second * (longer->first * longer->first - it->first * it->first);
     if (cost >= limit || added + cost > limit) {
@@ -79,7 +76,7 @@ void merge_small_groups(std::map<int64_t, int64_t, std::greater<>>& count, std::
     it = count.erase(it);
   }
   for (auto& len : group_len) {
-    for (auto j = joins.find(len); j != joins.end(); j = joins.find(len)) len = j->second;
+    if (const auto j = joins.find(len); j != joins.end()) len = j->second;
   }
 }
 
