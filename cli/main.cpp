@@ -52,7 +52,14 @@ std::string self_exe() {
   std::error_code ec;
   auto p = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (ec) throw std::runtime_error("cannot read /proc/self/exe: " + ec.message());
-  return p.string();
+  // Rebuilt or upgraded while it runs: the kernel names the old file "<path> (deleted)"; trials and batch
+  // jobs started from now on run the file now at that path.
+  std::string s = p.string();
+  const std::string deleted = " (deleted)";
+  if (s.size() > deleted.size() && s.compare(s.size() - deleted.size(), deleted.size(), deleted) == 0 &&
+      !std::filesystem::exists(s))
+    s.resize(s.size() - deleted.size());
+  return s;
 }
 }  // namespace bs::cli
 

@@ -306,6 +306,36 @@ class StudyRun {
     return cell ? bridge_->ask_in_cell(c_.space, base_, *cell) : bridge_->ask(c_.space, base_);
   }
 
+  // With checkpoint.dir set, each trial checkpoints into its own folder in it (trial-NNNN: parallel trials
+  // must never share one), and a retry continues from the failed attempt's last checkpoint (a copy, so
+  // that the failed attempt's folder stays as it was) instead of from step 0. Returns the trainer's extra
+  // arguments: {"--resume"} for such a retry.
+  std::vector<std::string> own_checkpoint_dir(RunningTrial& r) {
+    const std::string root = r.config.checkpoint.dir;
+    if (root.empty()) return {};
+    auto folder = [&](int64_t n) {
+      char num[32];
+      std::snprintf(num, sizeof num, "/trial-%04lld", static_cast<long long>(n));
+      return root + num;
+    };
+    r.config.checkpoint.dir = folder(r.rec.number);
+    if (r.rec.retry_of < 0 || !has_checkpoint(folder(r.rec.retry_of))) return {};
+    std::error_code ec;
+    fs::remove_all(r.config.checkpoint.dir, ec);
+    fs::create_directories(r.config.checkpoint.dir);
+    fs::copy(folder(r.rec.retry_of), r.config.checkpoint.dir, fs::copy_options::recursive);
+    say("trial " + std::to_string(r.rec.number) + ": continues trial " + std::to_string(r.rec.retry_of) +
+        " from its last checkpoint (" + folder(r.rec.retry_of) + ")");
+    return {"--resume"};
+  }
+
+  static bool has_checkpoint(const std::string& dir) {
+    std::error_code ec;
+    for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec))
+      if (it->path().filename().string().rfind("checkpoint-", 0) == 0) return true;
+    return false;
+  }
+
   void launch_one() {
     auto r = std::make_unique<RunningTrial>();
     OptunaBridge::Asked a = ask_next();
@@ -326,11 +356,13 @@ class StudyRun {
     std::snprintf(num, sizeof num, "%04lld", static_cast<long long>(a.number));
     rec.trial_dir = fs::absolute(dir_ + "/trials/" + num).string();
     fs::create_directories(rec.trial_dir);
+    std::vector<std::string> resume_args;
     try {
       r->config = c_.space.resolve(base_, a.params, "trial " + std::to_string(a.number));
       // The stored config is exactly what runs: the thread share is written into it, so an exported
       // config reproduces the trial (float reductions depend on the thread count).
       if (r->config.threads == 0) r->config.threads = threads_;
+      resume_args = own_checkpoint_dir(*r);
       rec.config_yaml = r->config.to_yaml_string();  // serialised once: the trial's config.yaml and its row
     } catch (const ConfigError& e) {
       rec.state = trial_state::kFail;
@@ -346,8 +378,8 @@ class StudyRun {
     const std::string job_name = slurm() ? slurm_job_name(c_.launcher.job_name, c_.name, a.number) : "";
     try {
       // Its GPU slot never runs out: parallel x gpus_per_trial <= GPUs was checked at start.
-      r->run =
-          &pool_.launch({rec.number, "trial " + std::to_string(rec.number), config_path, rec.trial_dir, job_name, {}});
+      r->run = &pool_.launch(
+          {rec.number, "trial " + std::to_string(rec.number), config_path, rec.trial_dir, job_name, resume_args});
     } catch (const std::exception& e) {
       rec.state = trial_state::kFail;
       rec.reason = std::string("launch: ") + e.what();
@@ -392,6 +424,10 @@ class StudyRun {
                              ev->number("overlap"), ev->number("step_seconds")});
     } else if (ev->kind == "start") {
       // (Its Slurm job or step id: TrialPool::step took it already, and pool_.on_slurm_id stored it.)
+      // Its nodes, with the trial: `study status` shows them, a NODE_FAIL reason names one of them.
+      auto nodes = ev->strings.find("slurm_nodes");
+      if (nodes != ev->strings.end() && !nodes->second.empty())
+        bridge_->set_user_attr(n, "bs_slurm_nodes", nodes->second);
       // What `device`/`precision: auto` resolved to on the trial's machine: the stored (and exported)
       // config then states exactly what ran.
       auto device = ev->strings.find("device"), precision = ev->strings.find("precision");
@@ -484,7 +520,8 @@ class StudyRun {
         rec.reason = code == exit_code::kOk ? "exit 0 without a done event" : describe_exit(code);
         std::string last = last_line_of(rec.trial_dir + "/stderr.log");
         if (!last.empty() && code != exit_code::kOk) rec.reason += ": " + last;
-        if (run.slurm && code != exit_code::kOk) slurm_reason(r);
+        // srun may exit 0 when a node failed under the step (its tasks there never reported): Slurm knows.
+        if (run.slurm) slurm_reason(r);
       }
       store_.update_trial(rec);
       bridge_->tell_fail(rec.number);
@@ -647,6 +684,7 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
   StudyStore store(search::study_dir(dir, name) + "/study.db", StudyStore::Mode::kReadOnly);
   const auto gpus = stored_trial_attr(store.path(), name, "bs_gpus");
   const auto jobs = stored_trial_attr(store.path(), name, "bs_slurm_job");
+  const auto nodes = stored_trial_attr(store.path(), name, "bs_slurm_nodes");
   auto trials = store.trials();
   bool maximize = c.directions[0] == "maximize";
   auto rank = [](const std::string& s) {
@@ -669,6 +707,7 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
   for (const auto& k : keys) os << " " << std::setw(std::max<int>(10, k.size())) << k;
   if (!gpus.empty()) os << " " << std::setw(8) << "gpus";
   if (!jobs.empty()) os << " " << std::setw(10) << "slurm_job";
+  if (!nodes.empty()) os << " " << std::setw(10) << "nodes";
   os << "  reason\n";
   std::map<std::string, int> counts;
   for (const auto& t : trials) {
@@ -689,6 +728,10 @@ std::string study_status_text(const std::string& dir, const std::string& name) {
     if (!jobs.empty()) {
       auto j = jobs.find(t.number);
       os << " " << std::setw(10) << (j == jobs.end() ? std::string("-") : j->second);
+    }
+    if (!nodes.empty()) {
+      auto h = nodes.find(t.number);
+      os << " " << std::setw(10) << (h == nodes.end() ? std::string("-") : h->second);
     }
     os << "  " << (t.reason.size() > 60 ? t.reason.substr(0, 60) + "..." : t.reason) << "\n";
   }

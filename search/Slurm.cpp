@@ -277,18 +277,27 @@ std::optional<SlurmFailure> slurm_failure(const std::optional<SlurmJob>& job, co
     if (stepd.find("DUE TO TIME LIMIT") != std::string::npos) state = "TIMEOUT";
     else if (stepd.find("DUE TO PREEMPTION") != std::string::npos)
       state = "PREEMPTED";
-    else if (stepd.find("CANCELLED") != std::string::npos)
+    else if (stepd.find("CANCELLED") != std::string::npos && stepd.find("DUE TO NODE FAILURE") == std::string::npos)
       state = "CANCELLED";
     else if (first_matching(lines, "oom-kill").size() || first_matching(lines, "Out Of Memory").size())
       state = "OUT_OF_MEMORY";
     else
       state.clear();
   }
+  // A node failed under the step: srun says so even where the job's record does not (yet), or srun
+  // exited 0 because the failed node's tasks never reported.
+  const bool node_failed =
+      stepd.find("DUE TO NODE FAILURE") != std::string::npos || !first_matching(lines, "Node failure on ").empty();
+  if (node_failed && (state.empty() || state == "FAILED" || state == "COMPLETED")) state = "NODE_FAIL";
   const std::string id = job ? "job " + job->id : "its job";
   if (!state.empty() && state != "FAILED" && state != "COMPLETED") {
     SlurmFailure f;
     f.reason = "slurm: " + id + " " + state;
     if (state == "TIMEOUT" && job && !job->time_limit.empty()) f.reason += " (time limit " + job->time_limit + ")";
+    // srun names the node that failed ("srun: error: Node failure on n2"); slurmstepd's line names a node
+    // that survived and cancelled its part.
+    if (const std::string node = first_matching(lines, "Node failure on "); !node.empty())
+      f.reason += " (" + node.substr(node.find("Node failure on ")) + ")";
     if (!stepd.empty()) f.reason += ": " + stepd;
     // A time limit, an OOM kill or someone's scancel would end a retry the same way; a node failure or a
     // preemption would not.

@@ -50,6 +50,13 @@ std::string env_or_empty(const char* name) {
   return v ? v : "";
 }
 
+// A step of an allocation runs on the step's nodes, a job of its own on the job's.
+std::string slurm_node_list() {
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
+    if (std::string v = env_or_empty(name); !v.empty()) return v;
+  return "";
+}
+
 using Clock = std::chrono::steady_clock;
 double since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
 
@@ -488,7 +495,9 @@ void TrainingLoop::announce() {
                             .add("world", world_)
                             // Under srun: the job and step the controller signals and cancels this trial by.
                             .add("slurm_job_id", env_or_empty("SLURM_JOB_ID"))
-                            .add("slurm_step_id", env_or_empty("SLURM_STEP_ID")));
+                            .add("slurm_step_id", env_or_empty("SLURM_STEP_ID"))
+                            // The nodes this trial's ranks run on (Slurm's compact form, "n[1-2]").
+                            .add("slurm_nodes", slurm_node_list()));
 }
 
 // The MLPerf training 5.0.0 keys of a BERT run (mlperf_logging's compliance_checker/training_5.0.0).

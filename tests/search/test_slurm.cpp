@@ -162,6 +162,24 @@ TEST(Slurm, FailureReasonsComeFromSlurmsOwnWords) {
   f = slurm_failure(SlurmJob{"13", "NODE_FAIL", "None", "UNLIMITED"}, "");
   ASSERT_TRUE(f);
   EXPECT_TRUE(f->retryable);  // another node may do
+  // srun's own words when node n2 of a 2-node step was killed (the test cluster, Slurm 22.05): the reason
+  // names the failed node, not n1, whose slurmstepd cancelled its part; the same when the job's state is
+  // not known (a step of the controller's allocation) or not yet NODE_FAIL.
+  const std::string node_fail_err =
+      "srun: error: Node failure on n2\n"
+      "slurmstepd-n1: error: *** STEP 1.0 ON n1 CANCELLED AT 2026-12-07T23:29:45 DUE TO NODE FAILURE, SEE SLURMCTLD "
+      "LOG FOR DETAILS ***\n"
+      "srun: Job step aborted: Waiting up to 4 seconds for job step to finish.\n"
+      "srun: error: n1: task 0: Terminated\n";
+  // (srun itself may exit 0 then, and the job's record say COMPLETED while the node is not yet down.)
+  for (const auto& job :
+       {std::optional<SlurmJob>(SlurmJob{"1", "NODE_FAIL", "NodeDown", "UNLIMITED"}),
+        std::optional<SlurmJob>(SlurmJob{"1", "COMPLETED", "None", "UNLIMITED"}), std::optional<SlurmJob>()}) {
+    f = slurm_failure(job, node_fail_err);
+    ASSERT_TRUE(f);
+    EXPECT_NE(f->reason.find("NODE_FAIL (Node failure on n2)"), std::string::npos) << f->reason;
+    EXPECT_TRUE(f->retryable);
+  }
   f = slurm_failure(std::nullopt, "srun: error: Unable to allocate resources: Invalid partition name specified\n");
   ASSERT_TRUE(f);
   EXPECT_NE(f->reason.find("launch failed"), std::string::npos);

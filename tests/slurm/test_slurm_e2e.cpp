@@ -3,12 +3,17 @@
 // trainer, scancel, a Slurm time limit, a SIGKILLed controller and srun, and an impossible request.
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <regex>
 #include <set>
+#include <sstream>
 #include <thread>
+
+#include <unistd.h>
 
 #include "common/Errors.h"
 #include "reliability/ReliabilityUtil.h"
@@ -30,14 +35,40 @@ namespace {
 
 // The test cluster's folder (CTest's Slurm.ClusterStart starts it there); its slurm.conf becomes SLURM_CONF
 // of this process and so of every srun/squeue the controller runs.
-std::string cluster_status() {
+std::string cluster_dir() {
   const char* env = std::getenv("BERTSWEEP_SLURM_DIR");
-  const std::string dir = env ? env : BERTSWEEP_TEST_SLURM_DIR;
+  return env ? env : BERTSWEEP_TEST_SLURM_DIR;
+}
+
+std::string cluster_status() {
+  const std::string dir = cluster_dir();
   std::string s = test::read_file(dir + "/status");
   while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
   if (s.empty()) return "tests/slurm/slurm_cluster.sh start " + dir + " did not run (run these tests through ctest)";
-  if (s == "up") setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
+  if (s == "up") {
+    setenv("SLURM_CONF", (dir + "/slurm.conf").c_str(), 1);
+    // The test cluster's nodes all live on this machine's loopback, which OpenMPI's TCP transport skips by
+    // default (srun passes the environment on to every rank).
+    setenv("OMPI_MCA_btl_tcp_if_include", "lo", 1);
+  }
   return s;
+}
+
+// Slurm's compact node list ("n[1-2]") as names, by Slurm itself.
+std::vector<std::string> expand_nodes(const std::string& list) {
+  std::vector<std::string> out;
+  std::istringstream in(search::run_command({"scontrol", "show", "hostnames", list}).out);
+  for (std::string n; in >> n;) out.push_back(n);
+  return out;
+}
+
+// The last event line of `kind` in a trial's event stream (the srun trials write events to stdout).
+std::string last_event(const std::string& text, const std::string& kind) {
+  std::string found;
+  std::istringstream in(text);
+  for (std::string line; std::getline(in, line);)
+    if (line.find("\"event\": \"" + kind + "\"") != std::string::npos) found = line;
+  return found;
 }
 
 // A study of srun trials of bert-tiny on the small dataset with an unreachable target: every trial runs its
@@ -84,16 +115,19 @@ std::string joined(const std::vector<std::string>& v) {
   return s;
 }
 
-std::string slurm_job_attr(const std::string& db, int64_t trial) {
+std::string trial_attr(const std::string& db, int64_t trial, const std::string& key) {
   SQLite::Database d(db, SQLite::OPEN_READONLY);
   SQLite::Statement q(d,
                       "SELECT a.value_json FROM trial_user_attributes a JOIN trials t ON t.trial_id = a.trial_id "
-                      "WHERE a.key = 'bs_slurm_job' AND t.number = ?");
-  q.bind(1, static_cast<int64_t>(trial));
+                      "WHERE a.key = ? AND t.number = ?");
+  q.bind(1, key);
+  q.bind(2, static_cast<int64_t>(trial));
   if (!q.executeStep()) return "";
   std::string v = q.getColumn(0).getString();
   return v.size() >= 2 ? v.substr(1, v.size() - 2) : v;
 }
+
+std::string slurm_job_attr(const std::string& db, int64_t trial) { return trial_attr(db, trial, "bs_slurm_job"); }
 
 bool running_with_evals(const std::string& db, int64_t n, std::size_t evals) {
   StudyStore s(db, StudyStore::Mode::kReadOnly);
@@ -166,6 +200,139 @@ TEST(SlurmE2E, TwoRankTrialFindsItsPeerThroughPmix) {
       << loads.front().json;
   auto job = search::run_command({"scontrol", "--oneliner", "show", "job", slurm_job_attr(store.path(), 0)});
   EXPECT_NE(job.out.find("NumTasks=2"), std::string::npos) << job.out;
+  fs::remove_all(dir);
+}
+
+// A trial of 4 ranks on 2 nodes (launcher nodes: 2, ranks_per_node: 2) trains as one MPI world across them
+// (OpenMPI's TCP between the nodes, shared memory within each); the start event and the trial's row record
+// the node list and the job; and it ends at the same loss as the same config as 4 ranks on this one machine.
+TEST(SlurmE2E, TrialAcrossTwoNodesTrainsAsOneWorldAndMatchesOneNode) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-nodes");
+  const std::string file = write_study(dir, "snodes");
+  auto r = test::run(study_run(file, dir,
+                               {"n_trials=1", "parallel=1", "launcher.ranks=4", "launcher.nodes=2",
+                                "launcher.ranks_per_node=2", "base.distributed.backend=mpi", "base.batch.micro=8",
+                                "base.target.max_samples=256", "base.target.eval_every_samples=128"}),
+                     400);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  StudyStore store(dir + "/snodes/study.db", StudyStore::Mode::kReadOnly);
+  auto t = store.trial(0);
+  ASSERT_TRUE(t);
+  ASSERT_EQ(t->state, trial_state::kComplete) << t->reason;
+  const std::string out = test::read_file(t->trial_dir + "/stdout.log");
+  const std::string start = last_event(out, "start");
+  EXPECT_NE(start.find("\"world\": 4"), std::string::npos) << start;
+  const std::string nodes = trial_attr(store.path(), 0, "bs_slurm_nodes");
+  const auto names = expand_nodes(nodes);
+  ASSERT_EQ(names.size(), 2u) << "bs_slurm_nodes '" << nodes << "'";
+  EXPECT_NE(names[0], names[1]);
+  EXPECT_NE(start.find("\"slurm_nodes\": \"" + nodes + "\""), std::string::npos) << start;
+  auto job = search::run_command({"scontrol", "--oneliner", "show", "job", slurm_job_attr(store.path(), 0)});
+  EXPECT_NE(job.out.find("NumNodes=2 "), std::string::npos) << job.out;
+  EXPECT_NE(job.out.find("NumTasks=4"), std::string::npos) << job.out;
+  // `study status` shows where the trial ran.
+  auto status = test::run({test::bertsweep_bin(), "study", "status", "snodes", "--dir", dir});
+  EXPECT_NE(status.out.find(" " + nodes), std::string::npos) << status.out;
+
+  // The same config, 4 ranks under mpirun on this machine: the same seed gives the same loss.
+  std::vector<std::string> local = {"mpirun", "-np", "4", "--oversubscribe"};
+  if (geteuid() == 0) local.push_back("--allow-run-as-root");
+  for (const auto& a :
+       {test::bertsweep_bin(), std::string("train"), std::string("--config"), t->trial_dir + "/config.yaml",
+        std::string("--events"), dir + "/local.jsonl", std::string("--quiet")})
+    local.push_back(a);
+  auto one = test::run(local, 400);
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  const std::string across = last_event(out, "eval"), here = last_event(test::read_file(dir + "/local.jsonl"), "eval");
+  ASSERT_FALSE(across.empty());
+  ASSERT_FALSE(here.empty());
+  EXPECT_EQ(test::json_number(across, "samples"), test::json_number(here, "samples"));
+  EXPECT_NEAR(test::json_number(across, "loss"), test::json_number(here, "loss"),
+              1e-4 * std::abs(test::json_number(here, "loss")))
+      << "across nodes: " << across << "\none node: " << here;
+  EXPECT_NEAR(test::json_number(across, "train_loss"), test::json_number(here, "train_loss"),
+              1e-4 * std::abs(test::json_number(here, "train_loss")));
+  fs::remove_all(dir);
+}
+
+// slurm_cluster.sh kill-node|start-node DIR NODE.
+int cluster_node(const std::string& what, const std::string& node) {
+  return test::run({test::source_dir() + "/tests/slurm/slurm_cluster.sh", what, cluster_dir(), node}, 60).exit_code;
+}
+
+std::string node_state(const std::string& node) {
+  std::string s = search::run_command({"sinfo", "--noheader", "--Node", "--nodes=" + node, "--format=%T"}).out;
+  while (!s.empty() && (s.back() == '\n' || s.back() == ' ')) s.pop_back();
+  return s;
+}
+
+// Brings a killed node back (slurmd again; ReturnToService=2 returns it to service) for the tests after this
+// one, whatever way the test ends.
+struct NodeBack {
+  std::string node;
+  ~NodeBack() {
+    if (node.empty()) return;
+    cluster_node("start-node", node);
+    test::wait_for([&] { return node_state(node) == "idle"; }, 60);
+  }
+};
+
+// A node is killed as by a power cut (its slurmd, slurmstepd and the trial's rank on it) while a 2-node
+// trial runs there: the trial ends FAIL with Slurm's NODE_FAIL and that node's name within a bounded time
+// (the rank on the other node does not hang: Slurm ends the step), retry_failed reruns it on healthy nodes
+// from its last checkpoint (not from step 0), and the study completes with every row intact.
+TEST(SlurmE2E, KilledNodeFailsTheTrialAndTheRetryContinuesFromItsCheckpointElsewhere) {
+  REQUIRE_SLURM_CLUSTER();
+  const std::string dir = test::make_temp_dir("slurm-nodefail");
+  const std::string file = write_study(dir, "snf");
+  const std::string db = dir + "/snf/study.db";
+  pid_t ctl =
+      test::spawn(study_run(file, dir,
+                            {"n_trials=1", "parallel=1", "retry_failed=1", "launcher.ranks=2", "launcher.nodes=2",
+                             "launcher.ranks_per_node=1", "base.distributed.backend=mpi", "base.batch.micro=16",
+                             "base.target.max_samples=4096", "base.target.eval_every_samples=256",
+                             "base.checkpoint.dir=" + dir + "/ck", "base.checkpoint.every_samples=256"}),
+                  dir + "/controller.log");
+  ASSERT_TRUE(test::wait_for(
+      [&] {
+        return running_with_evals(db, 0, 2) && has_checkpoint(dir + "/ck/trial-0000") &&
+               !trial_attr(db, 0, "bs_slurm_nodes").empty();
+      },
+      240))
+      << test::read_file(dir + "/controller.log");
+  const auto nodes = expand_nodes(trial_attr(db, 0, "bs_slurm_nodes"));
+  ASSERT_EQ(nodes.size(), 2u);
+  const std::string victim = nodes[0];  // rank 0's node: the one writing the checkpoints
+  NodeBack back{victim};
+  const double killed_at = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  ASSERT_EQ(cluster_node("kill-node", victim), 0);
+  ASSERT_EQ(test::wait_exit(ctl, 600), 0) << test::read_file(dir + "/controller.log");
+  const std::string log = test::read_file(dir + "/controller.log");
+
+  StudyStore store(db, StudyStore::Mode::kReadOnly);
+  ASSERT_EQ(store.trials().size(), 2u) << log;
+  const auto t0 = *store.trial(0), t1 = *store.trial(1);
+  EXPECT_EQ(t0.state, trial_state::kFail);
+  EXPECT_NE(t0.reason.find("NODE_FAIL"), std::string::npos) << t0.reason;
+  EXPECT_NE(t0.reason.find("Node failure on " + victim), std::string::npos) << t0.reason;
+  // SlurmdTimeout is 10 s: Slurm gives the node up within about 30 s, and nothing waits much longer.
+  EXPECT_LT(t0.end_time - killed_at, 90) << "the failed trial took this long to end";
+  EXPECT_EQ(t1.retry_of, 0);
+  EXPECT_EQ(t1.state, trial_state::kComplete) << t1.reason;
+  const auto retry_nodes = expand_nodes(trial_attr(db, 1, "bs_slurm_nodes"));
+  EXPECT_EQ(retry_nodes.size(), 2u);
+  EXPECT_EQ(std::count(retry_nodes.begin(), retry_nodes.end(), victim), 0) << "the retry ran on the dead node";
+  // From the checkpoint: the retry's first eval comes after trial 0's first two, and the trainer says so.
+  const auto evals0 = store.evals(0), evals1 = store.evals(1);
+  ASSERT_GE(evals0.size(), 2u);
+  ASSERT_FALSE(evals1.empty());
+  EXPECT_GT(evals1.front().samples, evals0[1].samples - 1) << "the retry started from step 0";
+  EXPECT_EQ(evals1.back().samples, 4096);
+  EXPECT_NE(log.find("continues trial 0 from its last checkpoint"), std::string::npos) << log;
+  SQLite::Database check(db, SQLite::OPEN_READONLY);
+  EXPECT_EQ(check.execAndGet("PRAGMA integrity_check").getString(), "ok");
+  EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-snf-").empty(); }, 30)) << joined(live_jobs("bs-snf-"));
   fs::remove_all(dir);
 }
 
@@ -246,7 +413,8 @@ TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
     EXPECT_EQ(t2->state, trial_state::kPruned) << t2->reason;
     EXPECT_EQ(t2->exit_code, exit_code::kTerminated) << "the pruned trial did not stop through its SIGTERM handler";
     EXPECT_NE(test::read_file(t2->trial_dir + "/stderr.log").find("stopped by signal"), std::string::npos);
-    EXPECT_TRUE(has_checkpoint(dir + "/ck-prune")) << "the pruned trial wrote no checkpoint";
+    // Each trial checkpoints into its own folder of checkpoint.dir.
+    EXPECT_TRUE(has_checkpoint(dir + "/ck-prune/trial-0002")) << "the pruned trial wrote no checkpoint";
   }
   // Second signal: the running trial is stopped now, gracefully, and recorded.
   const std::string db = dir + "/second/study.db";
@@ -266,7 +434,7 @@ TEST(SlurmE2E, PruneAndSecondSignalStopTrialsGracefully) {
   EXPECT_EQ(t0->state, trial_state::kFail);
   EXPECT_EQ(t0->reason.rfind("interrupted", 0), 0u) << t0->reason;
   EXPECT_EQ(t0->exit_code, exit_code::kTerminated) << t0->reason;
-  EXPECT_TRUE(has_checkpoint(dir + "/ck-second")) << "the stopped trial wrote no checkpoint";
+  EXPECT_TRUE(has_checkpoint(dir + "/ck-second/trial-0000")) << "the stopped trial wrote no checkpoint";
   EXPECT_TRUE(test::wait_for([&] { return live_jobs("bs-second-").empty(); }, 30)) << joined(live_jobs("bs-second-"));
   fs::remove_all(dir);
 }
