@@ -286,18 +286,17 @@ std::optional<SlurmFailure> slurm_failure(const std::optional<SlurmJob>& job, co
   }
   // A node failed under the step: srun says so even where the job's record does not (yet), or srun
   // exited 0 because the failed node's tasks never reported.
-  const bool node_failed =
-      stepd.find("DUE TO NODE FAILURE") != std::string::npos || !first_matching(lines, "Node failure on ").empty();
+  // srun names the node that failed ("srun: error: Node failure on n2"); slurmstepd's line names a node
+  // that survived and cancelled its part.
+  const std::string node_line = first_matching(lines, "Node failure on ");
+  const bool node_failed = stepd.find("DUE TO NODE FAILURE") != std::string::npos || !node_line.empty();
   if (node_failed && (state.empty() || state == "FAILED" || state == "COMPLETED")) state = "NODE_FAIL";
   const std::string id = job ? "job " + job->id : "its job";
   if (!state.empty() && state != "FAILED" && state != "COMPLETED") {
     SlurmFailure f;
     f.reason = "slurm: " + id + " " + state;
     if (state == "TIMEOUT" && job && !job->time_limit.empty()) f.reason += " (time limit " + job->time_limit + ")";
-    // srun names the node that failed ("srun: error: Node failure on n2"); slurmstepd's line names a node
-    // that survived and cancelled its part.
-    if (const std::string node = first_matching(lines, "Node failure on "); !node.empty())
-      f.reason += " (" + node.substr(node.find("Node failure on ")) + ")";
+    if (!node_line.empty()) f.reason += " (" + node_line.substr(node_line.find("Node failure on ")) + ")";
     if (!stepd.empty()) f.reason += ": " + stepd;
     // A time limit, an OOM kill or someone's scancel would end a retry the same way; a node failure or a
     // preemption would not.
